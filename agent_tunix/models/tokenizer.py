@@ -1,0 +1,342 @@
+"""SentencePiece tokenizers for Gemma 3, including one rebuilt from a GGUF.
+
+A GGUF file made by llama.cpp from a Gemma checkpoint keeps the whole
+SentencePiece vocabulary (pieces, scores and piece types) in its metadata but
+not the `tokenizer.model` file itself. `sentencepiece_proto_from_gguf` turns
+that metadata back into a serialized SentencePiece `ModelProto`:
+
+* BPE model with byte fallback, so any Unicode text round-trips through
+  encode/decode (unknown characters become `<0xNN>` byte pieces). The one
+  exception is inherent to SentencePiece and shared by Gemma's own tokenizer:
+  spaces are written as U+2581, so a literal U+2581 decodes as a space;
+* identity normalizer: no dummy prefix, no whitespace folding, spaces escaped
+  as U+2581, as Gemma's tokenizer does;
+* the trainer spec names the pad/eos/bos/unk pieces and ids. SentencePiece
+  looks these up at run time; without them `bos_id()` is -1 and prompts lose
+  their BOS token, which silently ruins generation.
+
+Piece types. llama.cpp marks every special token as CONTROL (type 3), but in
+SentencePiece a CONTROL piece is never produced from text, whereas Gemma's
+tokenizer turns the chat markup written in a prompt into its special ids. So
+here `<pad>`, `<eos>` and `<bos>` stay CONTROL, `<unk>` becomes UNKNOWN, and
+every other CONTROL piece (`<start_of_turn>`, `<end_of_turn>`, `<mask>` and the
+`<unusedN>` pieces) becomes USER_DEFINED: '<start_of_turn>' and
+'<end_of_turn>' in a string encode to ids 105 and 106, as with the Hugging
+Face Gemma tokenizer, and decode back to their text.
+
+The user-defined whitespace pieces that llama.cpp stored with plain spaces
+('  ', '   ', ...) get their spaces escaped back to U+2581 so they can match.
+
+Building the proto for the 262k-piece vocabulary takes a few seconds, so
+`load_gguf_tokenizer` caches the model file on disk, keyed by a hash of the
+file's `tokenizer.*` metadata. The metadata is read by a small parser here
+rather than `gguf.GGUFReader`, which takes tens of seconds on this vocabulary
+because it builds numpy views for every one of its strings.
+"""
+
+import hashlib
+import mmap
+import os
+import tempfile
+from typing import NamedTuple
+
+from absl import logging
+import numpy as np
+import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
+
+from agent_tunix.models import gguf as gguf_lib
+
+# Bump when the recipe in `_build_proto` changes, so stale caches are ignored.
+_CACHE_FORMAT = 1
+_DEFAULT_CACHE_DIR = os.path.join('~', '.cache', 'agent_tunix')
+_EXPECTED_TOKENIZER_MODEL = 'llama'  # llama.cpp's name for SentencePiece.
+
+# Gemma's special ids, used when a GGUF does not say.
+_DEFAULT_SPECIAL_IDS = {'pad': 0, 'eos': 1, 'bos': 2, 'unk': 3}
+
+
+_Piece = sentencepiece_model_pb2.ModelProto.SentencePiece
+# GGUF token_type values use the same numbers as SentencePiece piece types:
+# 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
+_KNOWN_TYPES = frozenset(
+    (_Piece.NORMAL, _Piece.UNKNOWN, _Piece.CONTROL, _Piece.USER_DEFINED,
+     _Piece.UNUSED, _Piece.BYTE)
+)
+
+
+class GGUFVocab(NamedTuple):
+  """The tokenizer part of a GGUF file's metadata."""
+
+  tokens: list[str]
+  scores: np.ndarray  # float32 [vocab]
+  token_types: np.ndarray  # int32 [vocab]
+  special_ids: dict[str, int]  # keys 'pad', 'eos', 'bos', 'unk'
+  digest: str  # sha256 of the raw tokenizer.* metadata and _CACHE_FORMAT
+
+
+def read_gguf_vocab(path):
+  """Reads the tokenizer metadata of a GGUF file.
+
+  Args:
+    path: a GGUF file.
+
+  Returns:
+    A `GGUFVocab`.
+
+  Raises:
+    FileNotFoundError: `path` does not exist.
+    ValueError: not a GGUF file, no SentencePiece ('llama') vocabulary, or
+      inconsistent tokenizer arrays.
+  """
+  if not os.path.isfile(path):
+    raise FileNotFoundError(
+        f'GGUF file not found: {path!r}. Set config.model.path to a Gemma 3 '
+        'GGUF file, or leave it empty for the packaged Gemma 3 270M.'
+    )
+  hasher = hashlib.sha256(f'agent_tunix-spm-{_CACHE_FORMAT}'.encode())
+  meta = {}
+  with open(path, 'rb') as f:
+    if os.fstat(f.fileno()).st_size < 24:
+      raise ValueError(
+          f'{path!r} is not a GGUF file: it is shorter than a GGUF header.'
+      )
+    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+      parser = gguf_lib.MetadataParser(buf, path)
+      for _ in range(parser.header()):
+        start = parser.offset
+        key = parser.string()
+        (value_type,) = parser.unpack('I')
+        keep = key.startswith('tokenizer.')
+        value = parser.value(value_type, keep)
+        if keep:
+          meta[key] = value
+          hasher.update(buf[start:parser.offset])
+
+  model = meta.get('tokenizer.ggml.model')
+  if model != _EXPECTED_TOKENIZER_MODEL:
+    raise ValueError(
+        f'{path!r}: tokenizer.ggml.model is {model!r}, expected '
+        f'{_EXPECTED_TOKENIZER_MODEL!r} (a SentencePiece vocabulary, as in '
+        'Gemma GGUF files). Point config.model.path at a Gemma 3 GGUF.'
+    )
+  tokens = meta.get('tokenizer.ggml.tokens')
+  if not tokens:
+    raise ValueError(
+        f'{path!r}: expected a tokenizer.ggml.tokens array, found '
+        f'{"an empty one" if tokens is not None else "none"}. The file has '
+        'no vocabulary; set config.model.tokenizer_path to a tokenizer.model.'
+    )
+  arrays = {}
+  for name in ('scores', 'token_type'):
+    key = f'tokenizer.ggml.{name}'
+    array = meta.get(key)
+    found = 'none' if array is None else f'{len(array)} entries'
+    if array is None or len(array) != len(tokens):
+      raise ValueError(
+          f'{path!r}: expected {key} with {len(tokens)} entries (one per '
+          f'token), found {found}.'
+      )
+    arrays[name] = np.asarray(array)
+  special_ids = {}
+  for name, key in (('pad', 'padding'), ('eos', 'eos'), ('bos', 'bos'),
+                    ('unk', 'unknown')):
+    value = meta.get(f'tokenizer.ggml.{key}_token_id')
+    special_ids[name] = int(
+        _DEFAULT_SPECIAL_IDS[name] if value is None else value
+    )
+    if not 0 <= special_ids[name] < len(tokens):
+      raise ValueError(
+          f'{path!r}: tokenizer.ggml.{key}_token_id is {special_ids[name]}, '
+          f'expected an id below the vocabulary size {len(tokens)}.'
+      )
+  return GGUFVocab(
+      tokens=tokens,
+      scores=arrays['scores'].astype(np.float32),
+      token_types=arrays['token_type'].astype(np.int32),
+      special_ids=special_ids,
+      digest=hasher.hexdigest(),
+  )
+
+
+def _build_proto(vocab, path):
+  """Builds the SentencePiece ModelProto for `vocab` (see module docstring)."""
+  proto = sentencepiece_model_pb2.ModelProto()
+  ids = vocab.special_ids
+  by_id = {ids['pad']: _Piece.CONTROL, ids['eos']: _Piece.CONTROL,
+           ids['bos']: _Piece.CONTROL, ids['unk']: _Piece.UNKNOWN}
+  types = vocab.token_types.tolist()
+  scores = vocab.scores.tolist()
+  pieces = []
+  seen = {}
+  for i, (text, kind) in enumerate(zip(vocab.tokens, types)):
+    if i in by_id:
+      kind = by_id[i]
+    elif kind == _Piece.CONTROL or kind == _Piece.UNKNOWN:
+      kind = _Piece.USER_DEFINED
+    elif kind not in _KNOWN_TYPES:
+      raise ValueError(
+          f'{path!r}: token {i} ({text!r}) has token_type {kind}, expected '
+          'one of 1..6.'
+      )
+    if kind == _Piece.USER_DEFINED:
+      text = text.replace(' ', '\u2581')
+    if text in seen:
+      raise ValueError(
+          f'{path!r}: piece {text!r} appears twice (ids {seen[text]} and '
+          f'{i}); SentencePiece needs unique pieces.'
+      )
+    seen[text] = i
+    pieces.append(_Piece(piece=text, score=scores[i], type=kind))
+  proto.pieces.extend(pieces)
+
+  spec = proto.trainer_spec
+  spec.model_type = sentencepiece_model_pb2.TrainerSpec.BPE
+  spec.vocab_size = len(vocab.tokens)
+  spec.byte_fallback = True
+  spec.split_digits = True
+  spec.allow_whitespace_only_pieces = True
+  spec.split_by_whitespace = True
+  spec.split_by_unicode_script = True
+  spec.split_by_number = True
+  spec.treat_whitespace_as_suffix = False
+  for name in ('pad', 'eos', 'bos', 'unk'):
+    setattr(spec, f'{name}_id', ids[name])
+    setattr(spec, f'{name}_piece', vocab.tokens[ids[name]])
+
+  normalizer = proto.normalizer_spec
+  normalizer.name = 'identity'
+  normalizer.add_dummy_prefix = False
+  normalizer.remove_extra_whitespaces = False
+  normalizer.escape_whitespaces = True
+  proto.denormalizer_spec.add_dummy_prefix = False
+  proto.denormalizer_spec.remove_extra_whitespaces = False
+  proto.denormalizer_spec.escape_whitespaces = True
+  return proto.SerializeToString()
+
+
+def sentencepiece_proto_from_gguf(path):
+  """Builds a serialized SentencePiece ModelProto from a GGUF vocabulary.
+
+  Args:
+    path: a GGUF file with a SentencePiece ('llama') vocabulary.
+
+  Returns:
+    The serialized `ModelProto`; load it with
+    `spm.SentencePieceProcessor(model_proto=...)`.
+
+  Raises:
+    FileNotFoundError: `path` does not exist.
+    ValueError: the file has no usable SentencePiece vocabulary.
+  """
+  return _build_proto(read_gguf_vocab(path), path)
+
+
+def _write_atomically(path, data):
+  """Writes `data` to `path` so that readers see all of it or nothing."""
+  directory = os.path.dirname(path)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix='.tmp-', suffix='.model')
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)  # mkstemp makes it owner-only.
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def load_gguf_tokenizer(gguf_path, cache_dir=''):
+  """Loads the tokenizer of a Gemma GGUF file, via an on-disk cache.
+
+  The cached model file is named after a hash of the GGUF's `tokenizer.*`
+  metadata, so a changed vocabulary gets a new file and copies of one GGUF
+  share one. It is written to a temporary file and renamed into place, so
+  processes loading in parallel never read a partial file.
+
+  Args:
+    gguf_path: a GGUF file with a SentencePiece ('llama') vocabulary.
+    cache_dir: where the rebuilt `.model` file is kept; '' means
+      ~/.cache/agent_tunix (config.model.cache_dir).
+
+  Returns:
+    A `spm.SentencePieceProcessor`.
+
+  Raises:
+    FileNotFoundError: `gguf_path` does not exist.
+    ValueError: the file has no usable SentencePiece vocabulary.
+  """
+  vocab = read_gguf_vocab(gguf_path)
+  cache_dir = os.path.expanduser(cache_dir or _DEFAULT_CACHE_DIR)
+  os.makedirs(cache_dir, exist_ok=True)
+  cached = os.path.join(cache_dir, f'gguf-spm-{vocab.digest[:24]}.model')
+  if os.path.isfile(cached):
+    try:
+      tok = spm.SentencePieceProcessor(model_file=cached)
+      logging.info('Loaded tokenizer for %s from cache %s', gguf_path, cached)
+      return tok
+    except (OSError, RuntimeError) as e:
+      logging.warning('Rebuilding unreadable tokenizer cache %s: %s', cached,
+                      e)
+  logging.info('Building SentencePiece model from %s (%d pieces) into %s',
+               gguf_path, len(vocab.tokens), cached)
+  proto = _build_proto(vocab, gguf_path)
+  _write_atomically(cached, proto)
+  return spm.SentencePieceProcessor(model_proto=proto)
+
+
+def load_sentencepiece(path):
+  """Loads a SentencePiece `tokenizer.model` file.
+
+  Args:
+    path: the `tokenizer.model` file, or a directory holding one (as a Hugging
+      Face checkpoint directory does).
+
+  Returns:
+    A `spm.SentencePieceProcessor`.
+
+  Raises:
+    FileNotFoundError: no such file.
+    ValueError: the file is not a SentencePiece model.
+  """
+  if path and os.path.isdir(path):
+    path = os.path.join(path, 'tokenizer.model')
+  if not path or not os.path.isfile(path):
+    raise FileNotFoundError(
+        f'SentencePiece tokenizer model not found: {path!r}. Set '
+        'config.model.tokenizer_path to the tokenizer.model file that comes '
+        'with the checkpoint.'
+    )
+  try:
+    return spm.SentencePieceProcessor(model_file=path)
+  except (OSError, RuntimeError) as e:
+    raise ValueError(
+        f'{path!r} is not a SentencePiece model file ({e}). Set '
+        'config.model.tokenizer_path to a tokenizer.model file.'
+    ) from e
+
+
+def encode_with_bos(tok, text):
+  """Encodes `text` to ids with the BOS id in front.
+
+  Args:
+    tok: a `spm.SentencePieceProcessor`.
+    text: the string to encode.
+
+  Returns:
+    A list of ints starting with `tok.bos_id()`.
+
+  Raises:
+    ValueError: the tokenizer has no BOS piece.
+  """
+  bos = tok.bos_id()
+  if bos < 0:
+    raise ValueError(
+        'The tokenizer has no BOS piece (bos_id() is -1); its model file '
+        'lacks trainer_spec.bos_piece. Gemma needs BOS at the start of every '
+        'prompt.'
+    )
+  return [bos] + tok.encode(text)

