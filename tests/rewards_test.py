@@ -1,0 +1,612 @@
+"""Tests for agent_tunix.rewards: built-in rewards, parsing and the registry."""
+
+import decimal
+import fractions
+import importlib.util
+import pathlib
+import textwrap
+
+import hypothesis
+from hypothesis import strategies as st
+import ml_collections
+import numpy as np
+import pytest
+
+from agent_tunix import rewards
+from agent_tunix.rewards import format as format_rewards
+from agent_tunix.rewards import math as math_rewards
+
+F = fractions.Fraction
+_FUZZ = hypothesis.settings(deadline=None, database=None, max_examples=150)
+
+GOOD = '<reasoning>6 * 12 = 72</reasoning>\n<answer>72</answer>'
+
+
+def _one(fn, completion, **fields):
+  """Calls a reward function on a single completion."""
+  fields = {k: [v] for k, v in fields.items()}
+  (score,) = fn(['prompt'], [completion], **fields)
+  return score
+
+
+# --------------------------------------------------------------- format_exact
+
+
+@pytest.mark.parametrize(
+    'completion, expected',
+    [
+        (GOOD, 3.0),
+        ('<reasoning>r</reasoning><answer>1</answer>', 3.0),
+        ('\n  <reasoning>\nr\n</reasoning>\n\n<answer> 1 </answer>\n', 3.0),
+        ('Sure! ' + GOOD, 0.0),  # Text before.
+        (GOOD + ' Hope this helps.', 0.0),  # Text after.
+        ('<reasoning>r</reasoning> so <answer>1</answer>', 0.0),  # Between.
+        ('<answer>72</answer>', 0.0),  # No reasoning.
+        ('<reasoning>r</reasoning>', 0.0),  # No answer.
+        ('<answer>1</answer><reasoning>r</reasoning>', 0.0),  # Wrong order.
+        (GOOD + '<answer>72</answer>', 0.0),  # Answer block twice.
+        ('<reasoning>a</reasoning><reasoning>b</reasoning><answer>1</answer>',
+         0.0),
+        ('<reasoning>a<reasoning>b</reasoning><answer>1</answer>', 0.0),
+        ('<reasoning> </reasoning><answer>1</answer>', 0.0),  # Empty.
+        ('<reasoning>r</reasoning><answer>\n</answer>', 0.0),  # Blank answer.
+        ('<reasoning>r</reasoning><answer>72', 0.0),  # Cut off.
+        ('<Reasoning>r</Reasoning><Answer>1</Answer>', 0.0),  # Case matters.
+        ('', 0.0),
+    ],
+)
+def test_format_exact(completion, expected):
+  assert _one(format_rewards.format_exact, completion) == expected
+
+
+# -------------------------------------------------------------- format_approx
+
+
+@pytest.mark.parametrize(
+    'completion, expected',
+    [
+        (GOOD, 2.0),
+        ('no tags at all', -2.0),
+        ('<answer>1</answer><reasoning>r</reasoning>', 2.0),  # Order ignored.
+        ('<answer>72</answer>', 0.0),
+        ('<reasoning>r</reasoning><answer>72', 1.0),  # Cut off.
+        (GOOD + '<answer>72</answer>', 0.0),  # Answer tags twice.
+        (GOOD + GOOD, -2.0),
+        ('<reasoning><reasoning></reasoning><answer></answer>', 1.0),
+    ],
+)
+def test_format_approx(completion, expected):
+  assert _one(format_rewards.format_approx, completion) == expected
+
+
+# ------------------------------------------------------------- extract_answer
+
+
+@pytest.mark.parametrize(
+    'completion, expected',
+    [
+        (GOOD, '72'),
+        ('<answer> 7 2 \n</answer>', ' 7 2 \n'),
+        ('text <answer>5</answer> more <answer>6</answer>', '5'),
+        ('<answer></answer>', ''),
+        ('<answer>72', None),
+        ('72</answer>', None),
+        ('', None),
+    ],
+)
+def test_extract_answer(completion, expected):
+  assert format_rewards.extract_answer(completion) == expected
+
+
+# --------------------------------------------------------------------- answer
+
+
+def _tagged(answer_text):
+  return f'<reasoning>work</reasoning><answer>{answer_text}</answer>'
+
+
+@pytest.mark.parametrize(
+    'completion, true_answer, expected',
+    [
+        (_tagged('72'), '72', 3.0),
+        (_tagged(' 72 '), '72', 1.5),  # Whitespace only.
+        (_tagged('72'), ' 72', 1.5),
+        (_tagged('72.0'), '72', 1.5),  # Same number, other text.
+        (_tagged('$72'), '72', 1.5),
+        (_tagged('72%'), '72', 1.5),
+        (_tagged('1,234'), '1234', 1.5),
+        (_tagged('1234'), '1,234', 1.5),
+        (_tagged('1/2'), '0.5', 1.5),
+        (_tagged('1.50'), '1.5', 1.5),
+        (_tagged('-3'), '-3', 3.0),
+        (_tagged('\u22123'), '-3', 1.5),  # Unicode minus.
+        (_tagged('-3'), '3', -1.0),
+        (_tagged('75'), '72', 0.5),  # Ratio 1.04.
+        (_tagged('90'), '100', 0.5),  # Boundaries are inclusive.
+        (_tagged('110'), '100', 0.5),
+        (_tagged('80'), '100', 0.25),
+        (_tagged('120'), '100', 0.25),
+        (_tagged('79.99'), '100', -1.0),
+        (_tagged('120.01'), '100', -1.0),
+        (_tagged('-1.05'), '-1', 0.5),  # Negative answers.
+        (_tagged('0'), '0', 3.0),  # True answer zero.
+        (_tagged('0.0'), '0', 1.5),
+        (_tagged('0.001'), '0', -1.0),
+        (_tagged('seventy-two'), '72', -0.5),  # Not a number.
+        (_tagged('72 apples'), '72', -0.5),
+        (_tagged(''), '72', -0.5),
+        (_tagged('5'), 'blue', -1.0),  # True answer not a number.
+        (_tagged('blue'), 'blue', 3.0),
+        ('72', '72', 0.0),  # No tags.
+        ('<reasoning>r</reasoning><answer>72', '72', 0.0),  # Cut off.
+        ('<answer>72</answer> extra text', '72', 3.0),  # Reasoning not needed.
+    ],
+)
+def test_answer(completion, true_answer, expected):
+  assert _one(math_rewards.answer_match, completion,
+              answer=true_answer) == expected
+
+
+def test_answer_accepts_non_string_answers_and_ignores_other_fields():
+  scores = math_rewards.answer_match(
+      ['p', 'p'], [_tagged('72'), _tagged('1.5')], answer=[72, 1.5],
+      question=['q', 'q'], completion_lengths=[3, 4])
+  assert scores == [3.0, 3.0]
+
+
+# -------------------------------------------------------------------- numbers
+
+
+@pytest.mark.parametrize(
+    'completion, true_answer, expected',
+    [
+        (_tagged('72'), '72', 1.5),
+        (_tagged('The answer is 72 dollars.'), '72', 1.5),
+        (_tagged('72.00'), '72', 1.5),
+        (_tagged('$1,234'), '1234', 1.5),
+        (_tagged('-3'), '-3', 1.5),
+        (_tagged('3'), '-3', 0.0),
+        (_tagged('0'), '0', 1.5),
+        (_tagged('71 or 72'), '72', 0.0),  # First number inside the tag.
+        ('<reasoning>it is 72</reasoning><answer>?</answer>', '72', 0.0),
+        ('<reasoning>r</reasoning><answer>so 72', '72', 1.5),  # Cut off.
+        ('5 + 3 = 8', '8', 1.5),  # No tags: last number.
+        ('5 + 3 = 8', '5', 0.0),
+        ('no numbers', '8', 0.0),
+        (_tagged('8'), 'eight', 0.0),  # True answer not a number.
+    ],
+)
+def test_numbers(completion, true_answer, expected):
+  assert _one(math_rewards.number_match, completion,
+              answer=true_answer) == expected
+
+
+# ------------------------------------------------------------- length penalty
+
+
+def test_length_penalty():
+  scores = format_rewards.length_penalty(
+      ['p'] * 4, ['c'] * 4, completion_lengths=[0, 256, 257, 300],
+      coef=0.01, target=256, answer=['1'] * 4)
+  np.testing.assert_allclose(scores, [0.0, 0.0, -0.01, -0.44])
+
+
+def test_length_penalty_rejects_wrong_number_of_lengths():
+  with pytest.raises(ValueError, match='2 values for 3 completions'):
+    format_rewards.length_penalty(
+        ['p'] * 3, ['c'] * 3, completion_lengths=[1, 2], coef=1.0, target=0)
+
+
+# ------------------------------------------------------------- number parsing
+
+
+@pytest.mark.parametrize(
+    'text, expected',
+    [
+        ('72', F(72)),
+        ('  72\n', F(72)),
+        ('007', F(7)),
+        ('-3', F(-3)),
+        ('+7', F(7)),
+        ('\u22125', F(-5)),
+        ('3.50', F(7, 2)),
+        ('.5', F(1, 2)),
+        ('72.', F(72)),
+        ('1,234', F(1234)),
+        ('1,234,567.25', F(4938269, 4)),
+        ('$12', F(12)),
+        ('-$12', F(-12)),
+        ('$-12', F(-12)),
+        ('\u20ac5', F(5)),
+        ('12%', F(12)),
+        ('1/2', F(1, 2)),
+        ('-3/4', F(-3, 4)),
+        ('1,5', None),
+        ('1,2345', None),
+        ('1e3', None),
+        ('1/0', None),
+        ('--3', None),
+        ('3-', None),
+        ('1 000', None),
+        ('72 apples', None),
+        ('\u0663', None),  # Arabic-Indic digit three.
+        ('inf', None),
+        ('nan', None),
+        ('', None),
+        ('.', None),
+        ('9' * 301, None),  # More than MAX_DIGITS digits.
+    ],
+)
+def test_parse_number(text, expected):
+  assert math_rewards.parse_number(text) == expected
+
+
+@pytest.mark.parametrize(
+    'text, expected',
+    [
+        ('no numbers here', []),
+        ('10-3=7', [F(10), F(3), F(7)]),
+        ('from -2 to +3', [F(-2), F(3)]),
+        ('costs $1,234.50 each', [F(246900, 200)]),
+        ('3/4 of 20 is 15.', [F(3, 4), F(20), F(15)]),
+        ('1/0', [F(1), F(0)]),
+        ('1e3', [F(1), F(3)]),
+        ('1,2345', [F(1), F(2345)]),
+        ('x2 and 3x', [F(2), F(3)]),
+        ('1.2.3', [F(6, 5), F(3)]),
+    ],
+)
+def test_find_numbers(text, expected):
+  assert math_rewards.find_numbers(text) == expected
+
+
+# ----------------------------------------------------------------- parse_spec
+
+
+def test_parse_spec_default_config():
+  assert rewards.parse_spec(
+      'format_exact=1,format_approx=1,answer=1,numbers=1') == [
+          ('format_exact', 1.0), ('format_approx', 1.0), ('answer', 1.0),
+          ('numbers', 1.0)]
+
+
+@pytest.mark.parametrize(
+    'spec, expected',
+    [
+        (' answer = 2 , numbers=0.5 ', [('answer', 2.0), ('numbers', 0.5)]),
+        ('answer', [('answer', 1.0)]),  # Bare name: weight 1.
+        ('answer=0,numbers=-1', [('answer', 0.0), ('numbers', -1.0)]),
+        ('my.pkg.mod:fn=0.5,answer=1e-1',
+         [('my.pkg.mod:fn', 0.5), ('answer', 0.1)]),
+        ('mod:Class.method', [('mod:Class.method', 1.0)]),
+    ],
+)
+def test_parse_spec(spec, expected):
+  assert rewards.parse_spec(spec) == expected
+
+
+@pytest.mark.parametrize(
+    'spec, message',
+    [
+        ('', 'rewards.functions is empty'),
+        ('  ', 'rewards.functions is empty'),
+        ('answer=1,,numbers=1', 'entry 2 is empty; remove the extra comma'),
+        ('answer=1,', 'entry 2 is empty'),
+        ('anwser=1', "unknown reward 'anwser'.*Did you mean 'answer'"),
+        ('bogus=1', 'Built-in rewards: answer, format_approx, format_exact, '
+                    'numbers; for your own function'),
+        ('answer=abc', "'answer=abc': weight 'abc' is not a finite number"),
+        ('answer=nan', "weight 'nan' is not a finite number"),
+        ('answer=inf', "weight 'inf' is not a finite number"),
+        ('answer=', "weight '' is not a finite number"),
+        ('=1', "entry '=1' has no name"),
+        ('answer=1,numbers=1,answer=2', "'answer' is listed twice"),
+        ('length_penalty=1', 'set rewards.length_penalty'),
+        ('mod:=1', 'not of the form "package.module:function"'),
+        (':fn=1', 'not of the form'),
+        ('my mod:fn=1', 'not of the form'),
+        ('mod:fn:x=1', 'not of the form'),
+    ],
+)
+def test_parse_spec_errors(spec, message):
+  with pytest.raises(ValueError, match=message):
+    rewards.parse_spec(spec)
+
+
+# -------------------------------------------------------------------- resolve
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+  """A module `user_rewards_fixture` on sys.path with a few reward fns."""
+  (tmp_path / 'user_rewards_fixture.py').write_text(textwrap.dedent("""
+      NOT_A_FUNCTION = 3
+
+      def brevity(prompts, completions, **kwargs):
+        return [-len(c) / 10 for c in completions]
+
+      def boom_on_bad(prompts, completions, **kwargs):
+        for c in completions:
+          if 'bad' in c:
+            raise ZeroDivisionError('cannot score ' + c[:10])
+        return [1.0] * len(completions)
+
+      def batch_only_failure(prompts, completions, **kwargs):
+        if len(completions) > 1:
+          raise RuntimeError('only fails on batches')
+        return [1.0]
+
+      def wrong_length(prompts, completions, **kwargs):
+        return [1.0] * (len(completions) + 1)
+
+      def nan_on_bad(prompts, completions, **kwargs):
+        return [float('nan') if 'bad' in c else 1.0 for c in completions]
+
+      def huge(prompts, completions, **kwargs):
+        return [1e39 for _ in completions]
+
+      def words(prompts, completions, **kwargs):
+        return ['one' for _ in completions]
+
+      def needs_question(prompts, completions, question, **kwargs):
+        return [float(len(q)) for q in question]
+
+      class Scorer:
+        @staticmethod
+        def score(prompts, completions, **kwargs):
+          return [2.0] * len(completions)
+  """))
+  (tmp_path / 'broken_rewards_fixture.py').write_text(
+      'import module_that_does_not_exist_anywhere\n')
+  monkeypatch.syspath_prepend(str(tmp_path))
+  return 'user_rewards_fixture'
+
+
+def test_resolve_builtins():
+  assert rewards.resolve('answer') is math_rewards.answer_match
+  assert rewards.resolve('numbers') is math_rewards.number_match
+  assert rewards.resolve('format_exact') is format_rewards.format_exact
+  assert rewards.resolve('format_approx') is format_rewards.format_approx
+
+
+def test_resolve_user_function(user_module):
+  fn = rewards.resolve(f'{user_module}:brevity')
+  assert fn(['p'], ['abcd']) == [-0.4]
+  assert rewards.resolve(f'{user_module}:Scorer.score')(['p'], ['x']) == [2.0]
+
+
+@pytest.mark.parametrize(
+    'name, message',
+    [
+        ('no_such_module_xyz:fn', "no module named 'no_such_module_xyz'"),
+        ('user_rewards_fixture:missing',
+         "has no attribute 'missing'; check the function name"),
+        ('user_rewards_fixture:NOT_A_FUNCTION', 'is a int, not a function'),
+        ('broken_rewards_fixture:fn',
+         "importing 'broken_rewards_fixture' failed.*"
+         'module_that_does_not_exist_anywhere'),
+        ('nope', "unknown reward 'nope'"),
+    ],
+)
+def test_resolve_errors(user_module, name, message):
+  del user_module
+  with pytest.raises(ValueError, match=message):
+    rewards.resolve(name)
+
+
+def test_register(monkeypatch):
+  monkeypatch.setattr(rewards, '_REGISTRY', dict(rewards._REGISTRY))
+
+  @rewards.register('always_one')
+  def always_one(prompts, completions, **kwargs):
+    del prompts, kwargs
+    return [1.0] * len(completions)
+
+  assert 'always_one' in rewards.registered_names()
+  assert rewards.resolve('always_one') is always_one
+  assert rewards.parse_spec('always_one=2') == [('always_one', 2.0)]
+  with pytest.raises(ValueError, match='already registered'):
+    rewards.register('always_one')(lambda p, c, **k: [])
+  with pytest.raises(ValueError, match='reserved'):
+    rewards.register('length_penalty')
+  with pytest.raises(ValueError, match='not a Python identifier'):
+    rewards.register('a:b')
+
+
+# ------------------------------------------------------------------ RewardSet
+
+
+def test_reward_set_total_is_weighted_sum(user_module):
+  reward_set = rewards.RewardSet(
+      f'format_exact=1,format_approx=0.5,answer=2,numbers=0,'
+      f'{user_module}:brevity=-1')
+  completions = [GOOD, 'the answer is 72', _tagged('70'), _tagged('x')]
+  total, per_fn = reward_set(['p'] * 4, completions, answer=['72'] * 4,
+                             question=['q'] * 4)
+  assert list(per_fn) == ['format_exact', 'format_approx', 'answer',
+                          'numbers', f'{user_module}:brevity']
+  np.testing.assert_array_equal(per_fn['answer'], [3.0, 0.0, 0.5, -0.5])
+  np.testing.assert_array_equal(per_fn['numbers'], [1.5, 1.5, 0.0, 0.0])
+  weights = reward_set.weights
+  expected = sum(weights[n] * per_fn[n].astype(np.float64) for n in per_fn)
+  assert total.dtype == np.float32 and total.shape == (4,)
+  assert all(v.dtype == np.float32 for v in per_fn.values())
+  np.testing.assert_allclose(total, expected, rtol=1e-6)
+
+
+def _base_config():
+  path = pathlib.Path(__file__).parents[1] / 'configs' / 'base.py'
+  spec = importlib.util.spec_from_file_location('base_config', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def test_reward_set_from_base_config():
+  config = _base_config()
+  reward_set = rewards.RewardSet.from_config(config.rewards)
+  assert reward_set.names == ['format_exact', 'format_approx', 'answer',
+                              'numbers']
+  total, _ = reward_set(['p', 'p'], [GOOD, 'nothing'], answer=['72', '72'])
+  np.testing.assert_array_equal(total, [3.0 + 2.0 + 3.0 + 1.5, -2.0])
+
+
+def test_reward_set_length_penalty():
+  config = ml_collections.ConfigDict(dict(
+      functions='answer=1', length_penalty=0.5, length_penalty_target=10))
+  reward_set = rewards.RewardSet.from_config(config)
+  assert reward_set.names == ['answer', 'length_penalty']
+  total, per_fn = reward_set(['p'] * 2, [GOOD, GOOD], answer=['72', '72'],
+                             completion_lengths=np.array([10, 14]))
+  np.testing.assert_array_equal(per_fn['length_penalty'], [0.0, -2.0])
+  np.testing.assert_array_equal(total, [3.0, 1.0])
+  with pytest.raises(ValueError, match='needs the completion_lengths field'):
+    reward_set(['p'], [GOOD], answer=['72'])
+
+
+@pytest.mark.parametrize(
+    'kwargs, message',
+    [
+        (dict(functions='answer=1', length_penalty=-0.1),
+         'length_penalty=-0.1 must be a finite number >= 0'),
+        (dict(functions='answer=1', length_penalty_target=-1),
+         'length_penalty_target=-1 must be >= 0'),
+        (dict(functions='answer=1,nope=2'), "unknown reward 'nope'"),
+        (dict(functions=[]), 'at least one reward'),
+        (dict(functions=[('answer', float('nan'))]), 'not a finite number'),
+        (dict(functions='no_such_module_xyz:fn'), 'no module named'),
+    ],
+)
+def test_reward_set_config_errors(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    rewards.RewardSet(**kwargs)
+
+
+def test_reward_set_checks_batch_fields():
+  reward_set = rewards.RewardSet([('answer', 1.0)])
+  with pytest.raises(ValueError, match='1 prompts for 2 completions'):
+    reward_set(['p'], [GOOD, GOOD], answer=['72', '72'])
+  with pytest.raises(ValueError, match="'answer' has 1 values for 2"):
+    reward_set(['p', 'p'], [GOOD, GOOD], answer=['72'])
+
+
+def test_reward_error_names_function_and_completion(user_module):
+  reward_set = rewards.RewardSet(f'answer=1,{user_module}:boom_on_bad=1')
+  completions = [GOOD, 'a bad completion ' + 'x' * 500, 'bad too']
+  with pytest.raises(rewards.RewardError) as info:
+    reward_set(['p'] * 3, completions, answer=['72'] * 3)
+  error = info.value
+  message = str(error)
+  assert f"'{user_module}:boom_on_bad'" in message
+  assert 'ZeroDivisionError: cannot score a bad comp' in message
+  assert "completion 1: 'a bad completion xxx" in message
+  assert '[517 chars]' in message and len(message) < 400
+  assert error.fn_name == f'{user_module}:boom_on_bad'
+  assert error.index == 1 and error.completion == completions[1]
+  assert isinstance(error.__cause__, ZeroDivisionError)
+
+
+def test_reward_error_missing_field(user_module):
+  reward_set = rewards.RewardSet(f'{user_module}:needs_question=1')
+  with pytest.raises(rewards.RewardError, match='needs_question.*question'):
+    reward_set(['p'], [GOOD], answer=['72'])
+  total, _ = reward_set(['p'], [GOOD], answer=['72'], question=['abc'])
+  np.testing.assert_array_equal(total, [3.0])
+
+
+@pytest.mark.parametrize(
+    'fn, message',
+    [
+        ('batch_only_failure', 'only fails on batches.*not on any single one'),
+        ('wrong_length', r'shape \(3,\) for 2 completions'),
+        ('nan_on_bad', "non-finite score.*completion 1: 'bad one'"),
+        ('huge', "too large for float32.*completion 0: 'good'"),
+        ('words', 'not a list of numbers'),
+    ],
+)
+def test_reward_error_bad_scores(user_module, fn, message):
+  reward_set = rewards.RewardSet(f'{user_module}:{fn}=1')
+  with pytest.raises(rewards.RewardError, match=message) as info:
+    reward_set(['p', 'p'], ['good', 'bad one'], answer=['1', '1'])
+  assert info.value.fn_name == f'{user_module}:{fn}'
+
+
+# -------------------------------------------------------------------- fuzzing
+
+_TOKENS = st.sampled_from(list(format_rewards.TAGS) + [
+    '-', '+', '\u2212', ',', '.', '/', '$', '%', ' ', '\n', '0', '7', '1,000',
+    '1e9', 'abc'])
+_TAGGY_TEXT = st.one_of(
+    st.text(),
+    st.lists(st.one_of(_TOKENS, st.text(max_size=4),
+                       st.integers().map(str)), max_size=30).map(''.join),
+)
+
+
+@_FUZZ
+@hypothesis.given(text=_TAGGY_TEXT, true_answer=_TAGGY_TEXT)
+def test_fuzz_never_raises(text, true_answer):
+  value = math_rewards.parse_number(text)
+  assert value is None or isinstance(value, F)
+  assert all(isinstance(v, F) for v in math_rewards.find_numbers(text))
+  math_rewards.guess_number(text)
+  extracted = format_rewards.extract_answer(text)
+  assert extracted is None or extracted in text
+  for name in rewards.registered_names():
+    (score,) = rewards.resolve(name)(['p'], [text], answer=[true_answer])
+    assert np.isfinite(score)
+  assert _one(math_rewards.answer_match, text, answer=true_answer) in (
+      3.0, 1.5, 0.5, 0.25, 0.0, -0.5, -1.0)
+  assert -2.0 <= _one(format_rewards.format_approx, text) <= 2.0
+
+
+@_FUZZ
+@hypothesis.given(n=st.integers(min_value=-(10**30), max_value=10**30))
+def test_fuzz_integers_round_trip(n):
+  minus = '\u2212' if n < 0 else ''
+  for text in (str(n), f'{n:,}', f'{minus}{abs(n)}', f'${n}', f'{n}%',
+               f' {n:,}.'):
+    assert math_rewards.parse_number(text) == n, text
+  assert math_rewards.find_numbers(f'so {n:,} and {n}.') == [n, n]
+  assert _one(math_rewards.answer_match, _tagged(f'{n:,}'),
+              answer=str(n)) == (3.0 if abs(n) < 1000 else 1.5)
+  assert _one(math_rewards.number_match, _tagged(f'{n:,}'),
+              answer=str(n)) == 1.5
+
+
+@_FUZZ
+@hypothesis.given(d=st.decimals(min_value=-(10**12), max_value=10**12,
+                                places=4, allow_nan=False,
+                                allow_infinity=False))
+def test_fuzz_decimals_round_trip(d):
+  expected = F(d)
+  for text in (f'{d:f}', f'{d:,f}', f'{d:.2f}'):
+    want = F(decimal.Decimal(text.replace(',', '')))
+    assert math_rewards.parse_number(text) == want, text
+  assert math_rewards.parse_number(f'{d:f}') == expected
+  assert math_rewards.find_numbers(f'x = {d:f} ok') == [expected]
+
+
+@_FUZZ
+@hypothesis.given(num=st.integers(min_value=-(10**9), max_value=10**9),
+                  den=st.integers(min_value=1, max_value=10**9))
+def test_fuzz_fractions_round_trip(num, den):
+  assert math_rewards.parse_number(f'{num}/{den}') == F(num, den)
+  assert math_rewards.find_numbers(f'take {num}/{den} of it') == [F(num, den)]
+
+
+@_FUZZ
+@hypothesis.given(
+    reasoning=st.text(min_size=1).filter(
+        lambda s: s.strip() and '<' not in s),
+    answer=st.text(min_size=1).filter(lambda s: s.strip() and '<' not in s),
+    spaces=st.lists(st.sampled_from(['', ' ', '\n', '\t']), min_size=3,
+                    max_size=3),
+)
+def test_fuzz_exact_format_and_extraction(reasoning, answer, spaces):
+  completion = (f'{spaces[0]}<reasoning>{reasoning}</reasoning>{spaces[1]}'
+                f'<answer>{answer}</answer>{spaces[2]}')
+  assert format_rewards.is_exact_format(completion)
+  assert format_rewards.extract_answer(completion) == answer
+  assert _one(format_rewards.format_approx, completion) == 2.0
+  assert _one(math_rewards.answer_match, completion, answer=answer) == 3.0
