@@ -1,0 +1,1 @@
+"""Data: synthetic and GSM8K examples, prompt templates, grain pipelines."""

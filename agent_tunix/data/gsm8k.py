@@ -1,0 +1,207 @@
+"""GSM8K and GSM8K-shaped question/answer data.
+
+Three places to read it from:
+  * TFDS: `load_tfds(split, data_dir)` (`tfds.load('gsm8k')`, downloads on
+    first use unless `data_dir` already holds the prepared dataset).
+  * Hugging Face: `load_hf(split)` (`load_dataset('openai/gsm8k', 'main')`).
+  * A local JSONL or parquet file: `load_file(path, ...)`, with any column
+    names for the question and the answer.
+
+Every loader returns a list of {'question': str, 'answer': str} dicts. GSM8K
+answers hold a worked solution followed by '#### <final value>'; only the final
+value is kept, with thousands separators and whitespace removed. Answers
+without '####' are kept whole (stripped).
+"""
+
+import json
+import os
+
+from absl import logging
+
+# Split names of GSM8K itself for our 'train' / 'eval' splits.
+_GSM8K_SPLITS = {'train': 'train', 'eval': 'test', 'test': 'test'}
+_OFFLINE_HINT = (
+    "If this machine is offline, use data.source='jsonl' (or 'parquet') with "
+    "data.path pointing to a local copy, or data.source='synthetic'."
+)
+
+
+def parse_answer(value):
+  """Returns the final answer string of a GSM8K-style answer.
+
+  Args:
+    value: The answer field: 'steps... #### 1,234' gives '1234'; text without
+      '####' is returned stripped; integers (and integral floats) become their
+      decimal string.
+  """
+  if isinstance(value, bytes):
+    value = value.decode('utf-8')
+  if isinstance(value, float) and value.is_integer():
+    value = int(value)
+  text = str(value)
+  if '####' in text:
+    return text.rsplit('####', 1)[1].replace(',', '').strip()
+  return text.strip()
+
+
+def _as_text(value):
+  if isinstance(value, bytes):
+    return value.decode('utf-8')
+  return str(value)
+
+
+def _example(question, answer):
+  return {
+      'question': _as_text(question).strip(),
+      'answer': parse_answer(answer),
+  }
+
+
+def _gsm8k_split(split):
+  if split not in _GSM8K_SPLITS:
+    raise ValueError(
+        f'Unknown split {split!r}; expected one of {sorted(_GSM8K_SPLITS)}.'
+    )
+  return _GSM8K_SPLITS[split]
+
+
+def _take(rows, limit):
+  return rows[:limit] if limit else rows
+
+
+def load_tfds(split, data_dir=None, limit=0):
+  """Loads GSM8K through TensorFlow Datasets.
+
+  Args:
+    split: 'train', or 'eval' / 'test' (GSM8K's test split).
+    data_dir: TFDS data directory; None for the TFDS default.
+    limit: Keep the first `limit` examples (0 = all).
+
+  Returns:
+    A list of {'question', 'answer'} dicts.
+
+  Raises:
+    RuntimeError: if TFDS cannot load (e.g. no network to download it).
+  """
+  tfds_split = _gsm8k_split(split)
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  if limit:
+    tfds_split = f'{tfds_split}[:{limit}]'
+  try:
+    ds = tfds.load('gsm8k', split=tfds_split, data_dir=data_dir or None)
+    rows = [_example(r['question'], r['answer']) for r in tfds.as_numpy(ds)]
+  except Exception as e:  # Download / preparation errors vary by TFDS version.
+    raise RuntimeError(
+        f"Could not load GSM8K from TFDS (tfds.load('gsm8k', split="
+        f"{tfds_split!r}, data_dir={data_dir or None!r})): {e}. "
+        + _OFFLINE_HINT
+    ) from e
+  logging.info('Loaded %s GSM8K %s examples from TFDS.', len(rows), split)
+  return rows
+
+
+def load_hf(split, limit=0):
+  """Loads GSM8K ('main' config) through Hugging Face `datasets`.
+
+  Args:
+    split: 'train', or 'eval' / 'test' (GSM8K's test split).
+    limit: Keep the first `limit` examples (0 = all).
+
+  Returns:
+    A list of {'question', 'answer'} dicts.
+
+  Raises:
+    RuntimeError: if the dataset cannot be loaded (e.g. no network).
+  """
+  hf_split = _gsm8k_split(split)
+  import datasets  # pylint: disable=g-import-not-at-top
+
+  if limit:
+    hf_split = f'{hf_split}[:{limit}]'
+  try:
+    ds = datasets.load_dataset('openai/gsm8k', 'main', split=hf_split)
+  except Exception as e:  # Hub, network and cache errors vary by version.
+    raise RuntimeError(
+        "Could not load GSM8K from Hugging Face (load_dataset('openai/gsm8k', "
+        f"'main', split={hf_split!r})): {e}. " + _OFFLINE_HINT
+    ) from e
+  rows = [_example(r['question'], r['answer']) for r in ds]
+  logging.info('Loaded %s GSM8K %s examples from Hugging Face.', len(rows),
+               split)
+  return rows
+
+
+def _read_jsonl(path):
+  rows = []
+  with open(path, encoding='utf-8') as f:
+    for line_number, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError as e:
+        raise ValueError(
+            f'{path}:{line_number} is not valid JSON ({e}); every line of a '
+            'JSONL file must be one JSON object.'
+        ) from e
+  return rows
+
+
+def _read_parquet(path):
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+
+  return pq.read_table(path).to_pylist()
+
+
+def load_file(path, file_format='jsonl', prompt_column='question',
+              answer_column='answer', limit=0):
+  """Loads question/answer rows from a local JSONL or parquet file.
+
+  Args:
+    path: The file.
+    file_format: 'jsonl' or 'parquet'.
+    prompt_column: Field holding the question.
+    answer_column: Field holding the answer (GSM8K style or a plain value).
+    limit: Keep the first `limit` rows (0 = all).
+
+  Returns:
+    A list of {'question', 'answer'} dicts.
+
+  Raises:
+    FileNotFoundError: if `path` does not exist.
+    ValueError: on an unknown format or a missing column.
+  """
+  readers = {'jsonl': _read_jsonl, 'parquet': _read_parquet}
+  if file_format not in readers:
+    raise ValueError(
+        f'Unknown file format {file_format!r}; expected one of '
+        f'{sorted(readers)}.'
+    )
+  if not path:
+    raise ValueError(
+        f"data.source '{file_format}' needs data.path set to a local "
+        f'{file_format} file.'
+    )
+  if not os.path.exists(path):
+    raise FileNotFoundError(
+        f'No {file_format} file at data.path={path!r}; check the path.'
+    )
+  rows = readers[file_format](path)
+  examples = []
+  for index, row in enumerate(_take(rows, limit)):
+    if not isinstance(row, dict):
+      raise ValueError(
+          f'Row {index} of {path} is a {type(row).__name__}, not an object '
+          'with named columns.'
+      )
+    missing = [c for c in (prompt_column, answer_column) if c not in row]
+    if missing:
+      raise ValueError(
+          f'Row {index} of {path} has no column(s) {missing}; it has '
+          f'{sorted(row)}. Set data.prompt_column / data.answer_column to the '
+          'question and answer columns.'
+      )
+    examples.append(_example(row[prompt_column], row[answer_column]))
+  logging.info('Loaded %s examples from %s.', len(examples), path)
+  return examples

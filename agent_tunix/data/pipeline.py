@@ -1,0 +1,329 @@
+"""Grain input pipeline: examples -> prompts -> token batches.
+
+`load_examples` reads question/answer examples from `data.source`;
+`make_train_iterator` turns the train split into a checkpointable iterator of
+batches; `eval_examples` gives the held-out split as prompt strings.
+
+Sources (`data.source`): 'synthetic', 'gsm8k_tfds', 'gsm8k_hf', 'jsonl',
+'parquet', or a mixture 'name:weight,name:weight'. In a mixture the weights
+are normalised to proportions p_i, and a split of N examples (N =
+data.num_train_examples or data.num_eval_examples) takes round(N * p_i)
+examples from source i (largest-remainder rounding, so the counts sum to N
+exactly), each source's first examples of that split. With N = 0 ("all"), N is
+the largest total that keeps the proportions without reusing any example. The
+mixed list is then shuffled with data.seed. data.path is shared by all
+components that read it.
+
+Local files: data.path may contain '{split}', replaced by 'train' or 'test'.
+Without it a single file serves both splits: its last data.num_eval_examples
+rows are the eval split and never appear in train.
+
+Batches, per process (training.batch_size // process_count prompts each):
+  'prompt', 'question', 'answer': object arrays of str, shape [b].
+  'prompt_tokens': int32 [b, generation.max_prompt_length], BOS first, left
+    padded with 0.
+  'prompt_mask': bool, same shape, True on real tokens.
+
+Order: the kept examples are shuffled with data.seed (a new order each epoch),
+repeated data.num_epochs times, cut to a whole number of global batches, then
+process p takes positions p, p + P, p + 2P, ... of that stream. So global step
+t holds exactly the stream's positions [t * B, (t + 1) * B), whatever the
+number of processes, and processes never share an example within a pass.
+
+The iterator is a grain `DatasetIterator`: `get_state()` / `set_state()` give
+exact resume, and `grain.checkpoint.CheckpointSave` /
+`grain.checkpoint.CheckpointRestore` save it with an Orbax CheckpointManager.
+"""
+
+from absl import logging
+import grain
+import numpy as np
+
+from agent_tunix.data import gsm8k
+from agent_tunix.data import prompts
+from agent_tunix.data import synthetic
+
+SOURCES = ('synthetic', 'gsm8k_tfds', 'gsm8k_hf', 'jsonl', 'parquet')
+SPLITS = ('train', 'eval')
+PAD_ID = 0
+# Threads and buffered batches for reading; the data is already in memory.
+_READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=8)
+
+
+def parse_source(source):
+  """Parses data.source into [(name, weight), ...].
+
+  Args:
+    source: 'name' or 'name:weight,name:weight,...' (weights > 0; a missing
+      weight means 1).
+
+  Raises:
+    ValueError: on an unknown name, a bad or non-positive weight, or a repeat.
+  """
+  components = []
+  for part in source.split(','):
+    part = part.strip()
+    name, _, weight_text = part.partition(':')
+    name = name.strip()
+    if name not in SOURCES:
+      raise ValueError(
+          f'Unknown data source {name!r} in data.source={source!r}; expected '
+          f"names from {SOURCES}, optionally weighted as 'name:weight,...'."
+      )
+    try:
+      weight = float(weight_text) if weight_text.strip() else 1.0
+    except ValueError:
+      weight = float('nan')
+    if not weight > 0:  # Also catches NaN.
+      raise ValueError(
+          f'Bad weight {weight_text!r} for {name!r} in data.source='
+          f'{source!r}; weights must be positive numbers.'
+      )
+    if name in (n for n, _ in components):
+      raise ValueError(f'Source {name!r} appears twice in {source!r}.')
+    components.append((name, weight))
+  return components
+
+
+def proportional_counts(weights, total):
+  """Splits `total` into integer counts proportional to `weights`.
+
+  Floors each share and gives the remaining units to the largest fractional
+  parts (earlier components first on ties), so the counts sum to `total`.
+  """
+  weights = np.asarray(weights, dtype=np.float64)
+  shares = total * weights / weights.sum()
+  counts = np.floor(shares).astype(int)
+  order = np.argsort(-(shares - counts), kind='stable')
+  counts[order[: total - counts.sum()]] += 1
+  return [int(c) for c in counts]
+
+
+def _split_count(config, split):
+  if split == 'train':
+    return config.data.num_train_examples
+  return config.data.num_eval_examples
+
+
+def _load_local(name, config, split, limit):
+  """Loads a split of a local JSONL / parquet file."""
+  path = config.data.path
+  columns = dict(
+      file_format=name,
+      prompt_column=config.data.prompt_column,
+      answer_column=config.data.answer_column,
+  )
+  if '{split}' in path:
+    file_split = 'train' if split == 'train' else 'test'
+    return gsm8k.load_file(path.replace('{split}', file_split), limit=limit,
+                           **columns)
+  rows = gsm8k.load_file(path, **columns)
+  held_out = config.data.num_eval_examples
+  if not 0 < held_out < len(rows):
+    raise ValueError(
+        f'data.path={path!r} has {len(rows)} rows; to hold out the last '
+        f'data.num_eval_examples={held_out} rows for eval it must be between '
+        "1 and the row count. Or put '{split}' in data.path for separate "
+        'train/test files.'
+    )
+  rows = rows[:-held_out] if split == 'train' else rows[-held_out:]
+  return rows[:limit] if limit else rows
+
+
+def _load_source(name, config, split, limit):
+  """Loads up to `limit` (0 = all) examples of `split` from one source."""
+  if name == 'synthetic':
+    if limit <= 0:
+      raise ValueError(
+          'Synthetic data is generated, so it needs a count: set '
+          'data.num_train_examples and data.num_eval_examples > 0.'
+      )
+    return synthetic.generate(
+        split, limit, config.data.difficulty, config.data.seed
+    )
+  if name == 'gsm8k_tfds':
+    return gsm8k.load_tfds(split, config.data.path or None, limit)
+  if name == 'gsm8k_hf':
+    return gsm8k.load_hf(split, limit)
+  return _load_local(name, config, split, limit)
+
+
+def load_examples(config, split):
+  """Returns the examples of a split as [{'question', 'answer', ...}, ...].
+
+  Args:
+    config: The full config (reads the data section).
+    split: 'train' or 'eval'.
+
+  Raises:
+    ValueError: on a bad source, split or count, or when a mixture component
+      has fewer examples than its share.
+  """
+  if split not in SPLITS:
+    raise ValueError(f'Unknown split {split!r}; expected one of {SPLITS}.')
+  components = parse_source(config.data.source)
+  total = _split_count(config, split)
+  if len(components) == 1:
+    return list(_load_source(components[0][0], config, split, total))
+  names = [name for name, _ in components]
+  weights = [weight for _, weight in components]
+  if total > 0:
+    counts = proportional_counts(weights, total)
+    parts = [_load_source(n, config, split, c) if c else []
+             for n, c in zip(names, counts)]
+  else:
+    parts = [_load_source(n, config, split, 0) for n in names]
+    fractions = np.asarray(weights) / np.sum(weights)
+    total = int(min(np.floor(len(p) / f) for p, f in zip(parts, fractions)))
+    counts = proportional_counts(weights, total)
+  mixed = []
+  for name, part, count in zip(names, parts, counts):
+    if len(part) < count:
+      raise ValueError(
+          f'Source {name!r} has {len(part)} {split} examples but its share of '
+          f'data.source={config.data.source!r} is {count}; lower the number '
+          'of examples or its weight.'
+      )
+    mixed.extend(part[:count])
+  logging.info('Mixed %s %s examples: %s.', len(mixed), split,
+               dict(zip(names, counts)))
+  order = np.random.default_rng([config.data.seed, 1]).permutation(len(mixed))
+  return [mixed[i] for i in order]
+
+
+def encode_prompt(text, tokenizer, max_length):
+  """Returns (left-padded int32 tokens, bool mask), or None if too long.
+
+  The token sequence is BOS followed by `tokenizer.encode(text)`.
+  """
+  ids = [tokenizer.bos_id()] + [int(t) for t in tokenizer.encode(text)]
+  if len(ids) > max_length:
+    return None
+  tokens = np.full((max_length,), PAD_ID, dtype=np.int32)
+  mask = np.zeros((max_length,), dtype=bool)
+  tokens[max_length - len(ids):] = ids
+  mask[max_length - len(ids):] = True
+  return tokens, mask
+
+
+def _prepare(examples, config, tokenizer):
+  """Formats and tokenises; returns (records, number dropped as too long)."""
+  max_length = config.generation.max_prompt_length
+  records, dropped = [], 0
+  for example in examples:
+    prompt = prompts.format_prompt(example['question'], config)
+    encoded = encode_prompt(prompt, tokenizer, max_length)
+    if encoded is None:
+      dropped += 1
+      continue
+    records.append({
+        'prompt': prompt,
+        'question': example['question'],
+        'answer': example['answer'],
+        'prompt_tokens': encoded[0],
+        'prompt_mask': encoded[1],
+    })
+  return records, dropped
+
+
+def _log_dropped(split, dropped, total, config):
+  if dropped:
+    logging.warning(
+        'Dropped %s of %s %s prompts longer than '
+        'generation.max_prompt_length=%s tokens.', dropped, total, split,
+        config.generation.max_prompt_length,
+    )
+
+
+def collate(records):
+  """Stacks prompt records into one batch dict (str fields as object arrays)."""
+  batch = {}
+  for key in ('prompt', 'question', 'answer'):
+    column = np.empty((len(records),), dtype=object)
+    column[:] = [r[key] for r in records]
+    batch[key] = column
+  for key in ('prompt_tokens', 'prompt_mask'):
+    batch[key] = np.stack([r[key] for r in records])
+  return batch
+
+
+def make_train_iterator(config, tokenizer, process_index=0, process_count=1):
+  """Builds this process's checkpointable iterator over train batches.
+
+  Args:
+    config: The full config (data, generation, training sections).
+    tokenizer: Has `encode(str) -> list[int]` (no BOS) and `bos_id()`.
+    process_index: This process's index (jax.process_index()).
+    process_count: Number of processes (jax.process_count()).
+
+  Returns:
+    (iterator, stats). The iterator yields batch dicts (see module docstring)
+    and supports get_state() / set_state(). stats has 'num_examples' (loaded),
+    'dropped_long_prompts', 'num_train_examples' (kept), 'steps_per_epoch',
+    'num_batches' (over all epochs) and 'per_process_batch_size'.
+
+  Raises:
+    ValueError: on a batch size not divisible by process_count, a bad process
+      index, data.num_epochs < 1, or fewer kept examples than one batch.
+  """
+  global_batch = config.training.batch_size
+  if not 0 <= process_index < process_count:
+    raise ValueError(
+        f'process_index={process_index} is outside [0, {process_count}).'
+    )
+  if global_batch <= 0 or global_batch % process_count:
+    raise ValueError(
+        f'training.batch_size={global_batch} must be a positive multiple of '
+        f'the process count {process_count}.'
+    )
+  if config.data.num_epochs < 1:
+    raise ValueError(
+        f'data.num_epochs must be >= 1, got {config.data.num_epochs}.'
+    )
+  examples = load_examples(config, 'train')
+  records, dropped = _prepare(examples, config, tokenizer)
+  _log_dropped('train', dropped, len(examples), config)
+  if len(records) < global_batch:
+    raise ValueError(
+        f'Only {len(records)} train prompts (of {len(examples)}) fit in '
+        f'generation.max_prompt_length={config.generation.max_prompt_length} '
+        f'tokens, fewer than training.batch_size={global_batch}; raise '
+        'max_prompt_length or use more or shorter examples.'
+    )
+  num_batches = len(records) * config.data.num_epochs // global_batch
+  per_process = global_batch // process_count
+  ds = grain.MapDataset.source(records)
+  ds = ds.shuffle(seed=config.data.seed).repeat(config.data.num_epochs)
+  ds = ds[: num_batches * global_batch]
+  ds = ds[process_index::process_count]
+  ds = ds.batch(per_process, drop_remainder=True, batch_fn=collate)
+  iter_ds = ds.to_iter_dataset(_READ_OPTIONS)
+  if config.data.worker_count > 0:
+    iter_ds = iter_ds.mp_prefetch(
+        grain.MultiprocessingOptions(num_workers=config.data.worker_count)
+    )
+  stats = {
+      'num_examples': len(examples),
+      'dropped_long_prompts': dropped,
+      'num_train_examples': len(records),
+      'steps_per_epoch': len(records) // global_batch,
+      'num_batches': num_batches,
+      'per_process_batch_size': per_process,
+  }
+  logging.info('Train data: %s', stats)
+  return iter(iter_ds), stats
+
+
+def eval_examples(config, tokenizer):
+  """Returns the held-out split as [{'prompt', 'question', 'answer'}, ...].
+
+  Prompts longer than generation.max_prompt_length tokens (with BOS) are
+  dropped and the count is logged.
+  """
+  examples = load_examples(config, 'eval')
+  records, dropped = _prepare(examples, config, tokenizer)
+  _log_dropped('eval', dropped, len(examples), config)
+  return [
+      {key: r[key] for key in ('prompt', 'question', 'answer')}
+      for r in records
+  ]

@@ -1,0 +1,411 @@
+"""Tests for agent_tunix.data: synthetic, gsm8k, prompts and pipeline."""
+
+import json
+import logging
+import re
+import zlib
+
+import grain
+import numpy as np
+import orbax.checkpoint as ocp
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from agent_tunix.data import gsm8k
+from agent_tunix.data import pipeline
+from agent_tunix.data import prompts
+from agent_tunix.data import synthetic
+from configs import base
+
+_EQUATION = re.compile(r'(\d+) ([-+*/]) (\d+) = (\d+)')
+
+
+class WordTokenizer:
+  """One id per whitespace-separated word; BOS is 2, pad is 0."""
+
+  def encode(self, text):
+    return [3 + zlib.crc32(w.encode()) % 5000 for w in text.split()]
+
+  def bos_id(self):
+    return 2
+
+
+def _config(**data):
+  config = base.get_config()
+  config.data.num_train_examples = 64
+  config.data.num_eval_examples = 16
+  config.data.num_epochs = 1
+  config.training.batch_size = 4
+  for key, value in data.items():
+    setattr(config.data, key, value)
+  return config
+
+
+def _questions(batch):
+  return list(batch['question'])
+
+
+def _check_equations(reasoning):
+  """Checks every 'a op b = c' in a worked solution; returns the last c."""
+  equations = _EQUATION.findall(reasoning)
+  assert equations, reasoning
+  for a, op, b, c in equations:
+    a, b, c = int(a), int(b), int(c)
+    expected = {'+': a + b, '-': a - b, '*': a * b, '/': a / b}[op]
+    assert expected == c, reasoning
+  return int(equations[-1][3])
+
+
+# ------------------------------------------------------------- synthetic
+
+
+def test_synthetic_is_deterministic_by_seed():
+  first = synthetic.generate('train', 200, difficulty=2, seed=3)
+  again = synthetic.generate('train', 200, difficulty=2, seed=3)
+  other = synthetic.generate('train', 200, difficulty=2, seed=4)
+  assert first == again
+  assert [e['question'] for e in first] != [e['question'] for e in other]
+
+
+@pytest.mark.parametrize('difficulty', [1, 2, 3])
+def test_synthetic_splits_are_disjoint_and_unique(difficulty):
+  train = {
+      e['question']
+      for seed in (0, 1)
+      for e in synthetic.generate('train', 1500, difficulty, seed)
+  }
+  evals = [e['question'] for e in synthetic.generate('eval', 300, difficulty)]
+  assert len(train) > 2900  # Two seeds give mostly different problems.
+  assert len(set(evals)) == len(evals)
+  assert not train & set(evals)
+
+
+@pytest.mark.parametrize('difficulty', [1, 2, 3])
+def test_synthetic_answers_follow_the_worked_solution(difficulty):
+  for example in synthetic.generate('train', 300, difficulty, seed=7):
+    answer = int(example['answer'])
+    assert example['answer'] == str(answer) and answer >= 0
+    assert _check_equations(example['reasoning']) == answer
+    assert example['reasoning'].endswith(f'The answer is {answer}.')
+
+
+def test_synthetic_templates_rederived_from_question():
+  rng = np.random.default_rng(0)
+  for _ in range(50):
+    for level in (1, 2, 3):
+      ex, _ = synthetic.make_example(rng, 'price_quantity', level)
+      q, p = map(int, re.search(r'buys (\d+) .* \$(\d+) each', ex['question'])
+                 .groups())
+      assert int(ex['answer']) == q * p
+
+      ex, _ = synthetic.make_example(rng, 'share', level)
+      total, k = map(int, re.search(r'has (\d+) .* among (\d+) friends',
+                                    ex['question']).groups())
+      assert total % k == 0 and int(ex['answer']) == total // k
+
+      ex, _ = synthetic.make_example(rng, 'change', level)
+      q, p, bill = map(int, re.search(
+          r'buys (\d+) .* at \$(\d+) each .* \$(\d+) bill', ex['question']
+      ).groups())
+      assert bill > q * p and int(ex['answer']) == bill - q * p
+
+      ex, _ = synthetic.make_example(rng, 'trip', level)
+      legs = re.findall(r'at (\d+) kilometers per hour for (\d+)',
+                        ex['question'])
+      assert len(legs) == 2
+      assert int(ex['answer']) == sum(int(s) * int(t) for s, t in legs)
+
+
+def test_distractors_add_numbers_but_keep_the_answer():
+  plain, key = synthetic.make_example(np.random.default_rng(5), 'wage', 3, 0)
+  noisy, key2 = synthetic.make_example(np.random.default_rng(5), 'wage', 3, 2)
+  assert key == key2 and plain['answer'] == noisy['answer']
+  numbers = lambda text: len(re.findall(r'\d+', text))
+  assert numbers(noisy['question']) == numbers(plain['question']) + 2
+
+
+def test_synthetic_rejects_bad_arguments():
+  with pytest.raises(ValueError, match='difficulty'):
+    synthetic.generate('train', 10, difficulty=4)
+  with pytest.raises(ValueError, match='split'):
+    synthetic.generate('valid', 10)
+  with pytest.raises(ValueError, match='num_train_examples'):
+    synthetic.generate('train', 0)
+
+
+# ----------------------------------------------------------------- gsm8k
+
+
+@pytest.mark.parametrize('raw, expected', [
+    ('Half of 2,468 is 1,234.\n#### 1,234', '1234'),
+    ('#### 72 ', '72'),
+    ('a #### b\n####  -5', '-5'),
+    ('  42\n', '42'),
+    (7, '7'),
+    (7.0, '7'),
+    (b'x #### 9', '9'),
+])
+def test_parse_answer(raw, expected):
+  assert gsm8k.parse_answer(raw) == expected
+
+
+def _rows(n, prefix='Q'):
+  return [{'problem': f'{prefix}{i} how many?',
+           'solution': f'work\n#### {i * 1234:,}', 'other': i}
+          for i in range(n)]
+
+
+def _write_jsonl(path, rows):
+  path.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+
+
+def _write_parquet(path, rows):
+  pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+@pytest.mark.parametrize('fmt, writer', [('jsonl', _write_jsonl),
+                                         ('parquet', _write_parquet)])
+def test_local_files_with_custom_columns(tmp_path, fmt, writer):
+  writer(tmp_path / f'train.{fmt}', _rows(30, 'T'))
+  writer(tmp_path / f'test.{fmt}', _rows(5, 'E'))
+  config = _config(source=fmt, path=str(tmp_path / ('{split}.' + fmt)),
+                   prompt_column='problem', answer_column='solution',
+                   num_train_examples=20, num_eval_examples=0)
+  train = pipeline.load_examples(config, 'train')
+  evals = pipeline.load_examples(config, 'eval')
+  assert [e['question'] for e in train] == [
+      f'T{i} how many?' for i in range(20)
+  ]
+  assert [e['answer'] for e in train[:3]] == ['0', '1234', '2468']
+  assert [e['question'] for e in evals] == [f'E{i} how many?' for i in range(5)]
+
+
+def test_single_file_holds_out_its_last_rows(tmp_path):
+  _write_jsonl(tmp_path / 'all.jsonl', _rows(10))
+  config = _config(source='jsonl', path=str(tmp_path / 'all.jsonl'),
+                   prompt_column='problem', answer_column='solution',
+                   num_train_examples=0, num_eval_examples=3)
+  train = [e['question'] for e in pipeline.load_examples(config, 'train')]
+  evals = [e['question'] for e in pipeline.load_examples(config, 'eval')]
+  assert train == [f'Q{i} how many?' for i in range(7)]
+  assert evals == [f'Q{i} how many?' for i in range(7, 10)]
+
+
+def test_plain_answers_and_missing_columns(tmp_path):
+  path = tmp_path / 'plain.jsonl'
+  _write_jsonl(path, [{'q': 'one?', 'a': ' 1 '}, {'q': 'two?', 'a': 2}])
+  rows = gsm8k.load_file(str(path), 'jsonl', prompt_column='q',
+                         answer_column='a')
+  assert rows == [{'question': 'one?', 'answer': '1'},
+                  {'question': 'two?', 'answer': '2'}]
+  with pytest.raises(ValueError,
+                     match=r"\['question', 'answer'\].*prompt_column"):
+    gsm8k.load_file(str(path), 'jsonl')
+  with pytest.raises(FileNotFoundError, match='data.path'):
+    gsm8k.load_file(str(tmp_path / 'missing.jsonl'), 'jsonl')
+
+
+def test_network_source_failure_names_offline_fix(monkeypatch):
+  datasets = pytest.importorskip('datasets')
+
+  def offline(*args, **kwargs):
+    raise ConnectionError('no route to host')
+
+  monkeypatch.setattr(datasets, 'load_dataset', offline)
+  with pytest.raises(RuntimeError, match=r"(?s)openai/gsm8k.*no route.*"
+                     r"data.source='jsonl'.*'synthetic'"):
+    pipeline.load_examples(_config(source='gsm8k_hf'), 'train')
+
+
+# ---------------------------------------------------------------- mixture
+
+
+def test_proportional_counts_sum_exactly():
+  assert pipeline.proportional_counts([0.7, 0.3], 10) == [7, 3]
+  assert pipeline.proportional_counts([1, 1, 1], 10) == [4, 3, 3]
+  assert pipeline.proportional_counts([2, 1], 7) == [5, 2]
+
+
+def test_mixture_proportions(tmp_path):
+  _write_jsonl(tmp_path / 'train.jsonl', _rows(50, 'F'))
+  _write_jsonl(tmp_path / 'test.jsonl', _rows(50, 'G'))
+  config = _config(source='synthetic:0.75, jsonl:0.25',
+                   path=str(tmp_path / '{split}.jsonl'),
+                   prompt_column='problem', answer_column='solution',
+                   num_train_examples=40, num_eval_examples=8)
+  train = pipeline.load_examples(config, 'train')
+  from_file = [e for e in train if e['question'].startswith('F')]
+  assert len(train) == 40 and len(from_file) == 10
+  assert pipeline.load_examples(config, 'train') == train  # Deterministic.
+  evals = pipeline.load_examples(config, 'eval')
+  assert sum(e['question'].startswith('G') for e in evals) == 2
+  assert len(evals) == 8
+
+
+def test_mixture_too_small_and_bad_sources(tmp_path):
+  _write_jsonl(tmp_path / 'train.jsonl', _rows(3))
+  config = _config(source='synthetic:1,jsonl:1',
+                   path=str(tmp_path / '{split}.jsonl'),
+                   prompt_column='problem', answer_column='solution')
+  with pytest.raises(ValueError, match=r"'jsonl' has 3 train examples"):
+    pipeline.load_examples(config, 'train')
+  for bad in ('nope', 'synthetic:-1', 'synthetic:x', 'synthetic,synthetic'):
+    with pytest.raises(ValueError, match='data.source|twice'):
+      pipeline.parse_source(bad)
+
+
+# ---------------------------------------------------------------- prompts
+
+
+def test_template_selection():
+  config = _config(template='auto', system_prompt='Be brief.')
+  config.model.preset = 'gemma3_1b_it'
+  assert prompts.resolve_template(config) == 'chat'
+  assert prompts.format_prompt('What is 2 + 2?', config) == (
+      '<start_of_turn>user\nBe brief.\n\nWhat is 2 + 2?<end_of_turn>\n'
+      '<start_of_turn>model\n'
+  )
+  for preset in ('gemma3_1b_pt', 'gemma3_270m', 'tiny'):
+    config.model.preset = preset
+    assert prompts.resolve_template(config) == 'plain'
+  config.data.template = 'chat'
+  assert prompts.resolve_template(config) == 'chat'
+  config.data.template = 'fancy'
+  with pytest.raises(ValueError, match='data.template'):
+    prompts.resolve_template(config)
+
+
+def test_plain_template_is_few_shot_in_answer_format():
+  config = _config(template='plain', system_prompt='Be brief.')
+  text = prompts.format_prompt('What is 2 + 2?', config)
+  assert text.startswith('Be brief.\n\nQuestion: ')
+  assert text.endswith('\n\nQuestion: What is 2 + 2?\nAnswer:\n')
+  shots = re.findall(r'<reasoning>(.+?)</reasoning><answer>(\d+)</answer>',
+                     text)
+  assert len(shots) == 2
+  for reasoning, answer in shots:
+    assert _check_equations(reasoning) == int(answer)
+
+
+# --------------------------------------------------------------- pipeline
+
+
+def test_batches_are_left_padded_token_arrays():
+  config = _config()
+  iterator, stats = pipeline.make_train_iterator(config, WordTokenizer())
+  assert stats['num_train_examples'] == 64
+  assert stats['steps_per_epoch'] == 16 and stats['num_batches'] == 16
+  batch = next(iterator)
+  length = config.generation.max_prompt_length
+  assert batch['prompt_tokens'].dtype == np.int32
+  assert batch['prompt_tokens'].shape == (4, length)
+  assert batch['prompt_mask'].dtype == bool
+  for key in ('prompt', 'question', 'answer'):
+    assert batch[key].dtype == object and batch[key].shape == (4,)
+  for row in range(4):
+    tokens, mask = batch['prompt_tokens'][row], batch['prompt_mask'][row]
+    n = int(mask.sum())
+    assert mask[length - n:].all() and not mask[:length - n].any()
+    assert (tokens[:length - n] == 0).all()
+    expected = [2] + WordTokenizer().encode(batch['prompt'][row])
+    assert tokens[length - n:].tolist() == expected
+    assert batch['question'][row] in batch['prompt'][row]
+
+
+def test_long_prompts_are_dropped_and_counted(caplog):
+  config = _config(template='chat', difficulty=3)
+  config.generation.max_prompt_length = 70
+  examples = pipeline.load_examples(config, 'train')
+  lengths = [len(prompts.format_prompt(e['question'], config).split()) + 1
+             for e in examples]
+  expected = sum(n > 70 for n in lengths)
+  assert 0 < expected < len(examples) - 4
+  with caplog.at_level(logging.WARNING):
+    iterator, stats = pipeline.make_train_iterator(config, WordTokenizer())
+  assert stats['dropped_long_prompts'] == expected
+  assert stats['num_train_examples'] == len(examples) - expected
+  assert 'Dropped %d of 64 train prompts' % expected in caplog.text
+  for batch in iterator:
+    assert batch['prompt_mask'].sum(axis=1).max() <= 70
+  evals = pipeline.eval_examples(config, WordTokenizer())
+  assert all(len(e['prompt'].split()) + 1 <= 70 for e in evals)
+  config.generation.max_prompt_length = 10
+  with pytest.raises(ValueError, match='max_prompt_length=10'):
+    pipeline.make_train_iterator(config, WordTokenizer())
+
+
+def test_process_shards_are_disjoint_and_cover_the_data():
+  config = _config(num_train_examples=32, num_epochs=2)
+  config.training.batch_size = 8
+  single = [_questions(b) for b in
+            pipeline.make_train_iterator(config, WordTokenizer())[0]]
+  shards = [[_questions(b) for b in
+             pipeline.make_train_iterator(config, WordTokenizer(), p, 2)[0]]
+            for p in range(2)]
+  assert len(single) == 8 and [len(s) for s in shards] == [8, 8]
+  everything = {e['question'] for e in pipeline.load_examples(config, 'train')}
+  for step in range(8):
+    first, second = shards[0][step], shards[1][step]
+    assert len(first) == len(second) == 4
+    assert set(first + second) == set(single[step])
+  for epoch in range(2):  # Each pass: disjoint shards, together everything.
+    first = sum(shards[0][epoch * 4:(epoch + 1) * 4], [])
+    second = sum(shards[1][epoch * 4:(epoch + 1) * 4], [])
+    assert not set(first) & set(second)
+    assert set(first) | set(second) == everything
+  assert sum(single[:4], []) != sum(single[4:], [])  # Reshuffled per epoch.
+  with pytest.raises(ValueError, match='batch_size=8.*process count 3'):
+    pipeline.make_train_iterator(config, WordTokenizer(), 0, 3)
+
+
+def _assert_same_batches(got, want):
+  assert len(got) == len(want)
+  for a, b in zip(got, want):
+    assert a.keys() == b.keys()
+    for key in a:
+      np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_iterator_state_restores_exactly():
+  config = _config(num_epochs=3)
+  iterator, _ = pipeline.make_train_iterator(config, WordTokenizer())
+  for _ in range(14):  # Into the second epoch.
+    next(iterator)
+  state = iterator.get_state()
+  want = [next(iterator) for _ in range(5)]
+  fresh, _ = pipeline.make_train_iterator(config, WordTokenizer())
+  first = next(fresh)
+  fresh.set_state(state)
+  got = [next(fresh) for _ in range(5)]
+  _assert_same_batches(got, want)
+  assert _questions(first) != _questions(got[0])
+
+
+def test_iterator_restores_through_orbax(tmp_path):
+  config = _config()
+  iterator, _ = pipeline.make_train_iterator(config, WordTokenizer())
+  for _ in range(3):
+    next(iterator)
+  with ocp.CheckpointManager(tmp_path / 'ckpt') as manager:
+    manager.save(3, args=ocp.args.Composite(
+        data=grain.checkpoint.CheckpointSave(iterator)))
+    manager.wait_until_finished()
+  want = [next(iterator) for _ in range(4)]
+  fresh, _ = pipeline.make_train_iterator(config, WordTokenizer())
+  with ocp.CheckpointManager(tmp_path / 'ckpt') as manager:
+    restored = manager.restore(3, args=ocp.args.Composite(
+        data=grain.checkpoint.CheckpointRestore(fresh)))
+  got = [next(restored.data) for _ in range(4)]
+  _assert_same_batches(got, want)
+
+
+def test_eval_examples_are_held_out():
+  config = _config(num_train_examples=300, num_eval_examples=40)
+  config.model.preset = 'gemma3_1b_it'
+  evals = pipeline.eval_examples(config, WordTokenizer())
+  assert len(evals) == 40
+  assert set(evals[0]) == {'prompt', 'question', 'answer'}
+  assert evals[0]['prompt'].startswith('<start_of_turn>user\n')
+  train = {e['question'] for e in pipeline.load_examples(config, 'train')}
+  assert not train & {e['question'] for e in evals}
