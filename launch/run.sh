@@ -1,0 +1,146 @@
+#!/bin/bash
+# Copies this repository to every worker of the TPU VM and starts training
+# there, in a detached tmux session named agent_tunix.
+#
+# Usage:
+#   bash launch/run.sh --config=configs/gemma3_1b.py --workdir=gs://BUCKET/run \
+#     [--config.FIELD=VALUE ...] [--restart] [--grace=SECONDS] [--dry-run] \
+#     [-- MORE_TRAINER_FLAGS ...]
+#
+# Needs TPU_NAME, ZONE and PROJECT (or --tpu-name=, --zone=, --project=); see
+# launch/common.sh. Run launch/setup.sh once first.
+#
+# Every worker runs, from ~/agent_tunix,
+#   ~/agent_tunix_venv/bin/python -m agent_tunix.main --multihost \
+#     --config=... --workdir=... [--config.FIELD=VALUE ...] [MORE_TRAINER_FLAGS]
+# with its output appended to ~/agent_tunix_logs/worker_N.log (N is the
+# worker number). Override values are passed through exactly, whatever
+# characters they hold.
+#
+# The workdir should be on gs://: all workers write the same checkpoints
+# there, and a run started again with the same --workdir (after a preemption,
+# say) resumes from the latest one.
+#
+# Refuses to start while a run is going, unless --restart: then that run is
+# sent SIGTERM, given --grace seconds (default 120) to checkpoint and exit,
+# and killed.
+#
+# Flags:
+#   --config=FILE[:ARG]      config file, relative to the repository root
+#   --workdir=DIR            output directory (gs:// for a multi-host pod)
+#   --config.FIELD=VALUE     config override, passed to the trainer
+#   --restart                stop a running job first
+#   --grace=SECONDS          how long --restart waits (120)
+#   --dry-run                print the gcloud commands, run nothing
+#   --retries=N              attempts per gcloud step (RETRIES, 3)
+#   -- ARGS...               further trainer flags, passed through as given
+
+set -euo pipefail
+# shellcheck source=launch/common.sh source-path=SCRIPTDIR/..
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+config=''
+workdir=''
+restart=0
+grace=120
+trainer_args=()
+while (($#)); do
+  arg="$1"
+  shift
+  if parse_common_flag "$arg"; then
+    continue
+  fi
+  case "$arg" in
+    --config=*) config="${arg#*=}" ;;
+    --workdir=*) workdir="${arg#*=}" ;;
+    --config.*=*) trainer_args+=("$arg") ;;
+    --restart) restart=1 ;;
+    --grace=*) grace="${arg#*=}" ;;
+    --)
+      trainer_args+=("$@")
+      break
+      ;;
+    *) usage_error "unknown argument '$arg'" ;;
+  esac
+done
+
+require_settings TPU_NAME ZONE PROJECT
+if [[ -z "$config" ]]; then
+  usage_error "--config is required (e.g. --config=configs/gemma3_1b.py)"
+fi
+if [[ -z "$workdir" ]]; then
+  usage_error "--workdir is required (e.g. --workdir=gs://BUCKET/runs/name)"
+fi
+if [[ ! "$grace" =~ ^[0-9]+$ ]]; then
+  usage_error "--grace must be a whole number of seconds, got '$grace'"
+fi
+if [[ "$workdir" != gs://* ]]; then
+  warn "--workdir=$workdir is not a gs:// path: each worker of a" \
+    "multi-host pod would write to its own disk, and checkpoints could not" \
+    "be shared or resumed after a preemption"
+fi
+config_file="${config%%:*}"
+if [[ ! -f "$REPO_DIR/$config_file" ]]; then
+  warn "config file '$config_file' not found under $REPO_DIR; the workers" \
+    "look for it under ~/agent_tunix"
+fi
+
+# The script each worker runs inside tmux. The trainer runs in a subshell
+# that records its pid (stop.sh signals it) and execs python; `tee -i`
+# ignores Ctrl-C so the log keeps the trainer's last words.
+trainer="$REMOTE_VENV/bin/python -m agent_tunix.main --multihost"
+trainer+=" $(quote_all "--config=$config" "--workdir=$workdir")"
+if ((${#trainer_args[@]})); then
+  trainer+=" $(quote_all "${trainer_args[@]}")"
+fi
+# shellcheck disable=SC2016  # expanded by the worker, not here
+worker_script=(
+  '#!/bin/bash'
+  '# Written by launch/run.sh; runs this worker of agent_tunix (in tmux).'
+  'set -uo pipefail'
+  'url=http://metadata.google.internal/computeMetadata/v1/instance/attributes'
+  'worker="${TPU_WORKER_ID:-$(curl -sf -m 5 -H Metadata-Flavor:Google '\
+'"$url/agent-worker-number" || hostname)}"'
+  "log=$REMOTE_LOGS/worker_\$worker.log"
+  'echo "=== $(date -u +%FT%TZ) worker $worker on $(hostname)" | tee -a "$log"'
+  "( echo \"\$BASHPID\" > $REMOTE_LOGS/pid; cd $REMOTE_CODE && exec $trainer )"\
+' 2>&1 | tee -ia "$log"'
+  'status=${PIPESTATUS[0]}'
+  'echo "=== $(date -u +%FT%TZ) exited with status $status" | tee -a "$log"'
+  "rm -f $REMOTE_LOGS/pid"
+  'exit "$status"'
+)
+# Started only where no session exists: a retry after a partial start leaves
+# the workers that did start alone. The worker script's words are spliced in
+# after one_line, which would break a newline inside an override.
+start_head="$(
+  one_line <<EOF
+mkdir -p $REMOTE_LOGS
+if tmux has-session -t $SESSION 2>/dev/null; then
+  echo "agent_tunix already started on \$(hostname)"
+else
+EOF
+)"
+start_tail="$(
+  one_line <<EOF
+tmux new-session -d -s $SESSION 'bash $REMOTE_LOGS/launch.sh' &&
+  echo "started agent_tunix on \$(hostname)"
+fi
+EOF
+)"
+start_command="$start_head printf '%s\n' $(quote_all "${worker_script[@]}")"
+start_command+=" > $REMOTE_LOGS/launch.sh; $start_tail"
+
+if ((restart)); then
+  # shellcheck disable=SC2034  # read by copy_code
+  RESTART_GRACE="$grace"
+fi
+info "copying $REPO_DIR to $TPU_NAME:$REMOTE_CODE on all workers"
+retry copy_code
+info "starting the trainer in tmux session '$SESSION' on all workers"
+retry tpu_ssh all "$start_command"
+if ((!DRY_RUN)); then
+  info "started. Follow worker 0 with: bash launch/logs.sh" \
+    "(TensorBoard: bash launch/tensorboard.sh --workdir=$workdir;" \
+    "stop: bash launch/stop.sh)"
+fi

@@ -1,0 +1,762 @@
+"""Tests of the TPU launch scripts (launch/*.sh) against a fake gcloud.
+
+A fake `gcloud` first on PATH records each call's arguments, one JSON array
+per line, and can fail chosen calls. The remote command strings the scripts
+hand to `gcloud ... ssh --command=` are also run here, with `bash -c`, against
+fake `tmux` and trainer programs in a scratch HOME: that checks the quoting of
+config overrides through every shell layer, and what the workers would do.
+"""
+
+import json
+import os
+import pathlib
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+
+_REPO = pathlib.Path(__file__).resolve().parents[1]
+_LAUNCH = _REPO / 'launch'
+_SCRIPTS = ('create.sh', 'setup.sh', 'run.sh', 'logs.sh', 'tensorboard.sh',
+            'stop.sh', 'delete.sh')
+_SETTINGS = {
+    'TPU_NAME': 't',
+    'ZONE': 'z',
+    'PROJECT': 'p',
+    'ACCELERATOR_TYPE': 'v5litepod-16',
+    'RUNTIME_VERSION': 'r',
+}
+_FLAGS = {
+    'TPU_NAME': '--tpu-name',
+    'ZONE': '--zone',
+    'PROJECT': '--project',
+    'ACCELERATOR_TYPE': '--accelerator-type',
+    'RUNTIME_VERSION': '--runtime-version',
+}
+_BASIC = ('TPU_NAME', 'ZONE', 'PROJECT')
+# Settings each script needs.
+_NEEDS = {
+    'create.sh': tuple(_SETTINGS),
+    'setup.sh': _BASIC,
+    'run.sh': _BASIC,
+    'logs.sh': _BASIC,
+    'tensorboard.sh': _BASIC,  # with --tunnel
+    'stop.sh': _BASIC,
+    'delete.sh': _BASIC,
+}
+# Arguments that make each script do its main job.
+_ARGS = {
+    'create.sh': [],
+    'setup.sh': [],
+    'run.sh': ['--config=configs/gemma3_1b.py', '--workdir=gs://b/run'],
+    'logs.sh': [],
+    'tensorboard.sh': ['--workdir=gs://b/run', '--tunnel'],
+    'stop.sh': [],
+    'delete.sh': ['--yes'],
+}
+_SSH = ['compute', 'tpus', 'tpu-vm', 'ssh', 't', '--zone=z', '--project=p']
+_SCP = ['compute', 'tpus', 'tpu-vm', 'scp', '--recurse', str(_REPO),
+        't:~/agent_tunix', '--worker=all', '--zone=z', '--project=p']
+
+_FAKE_GCLOUD = r"""#!/bin/bash
+# Fake gcloud: appends its arguments to $FAKE_GCLOUD_LOG as a JSON array on
+# one line. Call number i (from 0) fails with $FAKE_GCLOUD_FAIL_RC (1) when
+# i < $FAKE_GCLOUD_FAIL_FIRST or i is in $FAKE_GCLOUD_FAIL_CALLS (comma
+# separated); otherwise prints $FAKE_GCLOUD_STDOUT and exits 0. Written in
+# bash rather than Python to keep the tests fast.
+json_string() {
+  local s="$1"
+  s="${s//\\/\\\\}"
+  s="${s//\"/\\\"}"
+  s="${s//$'\n'/\\n}"
+  s="${s//$'\t'/\\t}"
+  printf '"%s"' "$s"
+}
+calls=0
+if [[ -f "$FAKE_GCLOUD_LOG" ]]; then
+  calls=$(wc -l < "$FAKE_GCLOUD_LOG")
+fi
+line='[' sep=''
+for arg in "$@"; do
+  line+="$sep$(json_string "$arg")"
+  sep=', '
+done
+echo "$line]" >> "$FAKE_GCLOUD_LOG"
+if ((calls < ${FAKE_GCLOUD_FAIL_FIRST:-0})) ||
+  [[ ",${FAKE_GCLOUD_FAIL_CALLS:-}," == *",$calls,"* ]]; then
+  echo "fake gcloud: failing call $calls" >&2
+  exit "${FAKE_GCLOUD_FAIL_RC:-1}"
+fi
+printf '%s' "${FAKE_GCLOUD_STDOUT:-}"
+"""
+
+# Fake tmux for running remote commands here: the session exists while the
+# file $HOME/tmux_session does; new-session runs its command to the end.
+_FAKE_TMUX = """#!/bin/bash
+echo "$*" >> "$HOME/tmux.log"
+case "$1" in
+  has-session) [ -e "$HOME/tmux_session" ] ;;
+  new-session)
+    touch "$HOME/tmux_session"
+    sh -c "${@: -1}"
+    rm -f "$HOME/tmux_session"
+    ;;
+  kill-session) rm -f "$HOME/tmux_session" ;;
+  *) exit 1 ;;
+esac
+"""
+
+# Fake python of ~/agent_tunix_venv: records each call, answers `-c` with a
+# version number, exits with $FAKE_TRAINER_RC (0).
+_FAKE_PYTHON = """#!{python} -S
+import json, os, sys
+with open(os.path.join(os.environ['HOME'], 'python_calls.jsonl'), 'a') as f:
+  f.write(json.dumps({{'argv': sys.argv[1:], 'cwd': os.getcwd()}}) + '\\n')
+if sys.argv[1:2] == ['-c']:
+  print('0.0.7')
+else:
+  print('fake trainer output')
+sys.exit(int(os.environ.get('FAKE_TRAINER_RC', '0')))
+"""
+
+
+def _write_executable(path, text):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(text)
+  path.chmod(0o755)
+
+
+class _Result:
+  """Exit status, output and gcloud calls of one script run."""
+
+  def __init__(self, proc, calls):
+    self.rc = proc.returncode
+    self.out = proc.stdout
+    self.err = proc.stderr
+    self.calls = calls
+
+
+class _Sandbox:
+  """Runs launch scripts with a fake gcloud and a clean environment."""
+
+  def __init__(self, root):
+    self.root = root
+    self.bin = root / 'bin'
+    self.log = root / 'gcloud.jsonl'
+    _write_executable(self.bin / 'gcloud', _FAKE_GCLOUD)
+
+  def env(self, settings=None, **extra):
+    env = {
+        'PATH': f'{self.bin}:/usr/bin:/bin',
+        'HOME': str(self.root / 'local_home'),
+        'LC_ALL': 'C.UTF-8',
+        'FAKE_GCLOUD_LOG': str(self.log),
+        'RETRY_DELAY': '0',
+    }
+    env.update(_SETTINGS if settings is None else settings)
+    env.update(extra)
+    return env
+
+  def run(self, script, *args, settings=None, stdin='', **extra):
+    if self.log.exists():
+      self.log.unlink()
+    proc = subprocess.run(
+        ['bash', str(_LAUNCH / script), *args], input=stdin,
+        capture_output=True, text=True, env=self.env(settings, **extra),
+        cwd=self.root, timeout=60, check=False)
+    calls = []
+    if self.log.exists():
+      calls = [json.loads(l) for l in self.log.read_text().splitlines()]
+    return _Result(proc, calls)
+
+
+class _Worker:
+  """A scratch HOME where remote commands run as on a TPU worker."""
+
+  def __init__(self, root):
+    self.home = root / 'worker_home'
+    self.bin = root / 'worker_bin'
+    (self.home / 'agent_tunix').mkdir(parents=True)
+    (self.home / 'agent_tunix' / 'requirements.txt').write_text('jax\n')
+    _write_executable(self.bin / 'tmux', _FAKE_TMUX)
+    _write_executable(self.bin / 'sudo', '#!/bin/sh\necho "sudo $*" >&2\n'
+                      'exit 1\n')
+    # The metadata server answers with $FAKE_WORKER_NUMBER, if set.
+    _write_executable(self.bin / 'curl', '#!/bin/sh\n'
+                      '[ -n "$FAKE_WORKER_NUMBER" ] || exit 7\n'
+                      'echo "$FAKE_WORKER_NUMBER"\n')
+    _write_executable(self.home / 'agent_tunix_venv' / 'bin' / 'python',
+                      _FAKE_PYTHON.format(python=sys.executable))
+
+  def run(self, command, shell='bash', **extra):
+    env = {
+        'PATH': f'{self.bin}:/usr/bin:/bin',
+        'HOME': str(self.home),
+        'TPU_WORKER_ID': '3',
+        'LC_ALL': 'C.UTF-8',
+    }
+    env.update(extra)
+    return subprocess.run([shell, '-c', command], capture_output=True,
+                          text=True, env=env, cwd=self.home, timeout=60,
+                          check=False)
+
+  def python_calls(self):
+    path = self.home / 'python_calls.jsonl'
+    if not path.exists():
+      return []
+    return [json.loads(l) for l in path.read_text().splitlines()]
+
+  def session_running(self, running):
+    path = self.home / 'tmux_session'
+    if running:
+      path.touch()
+    elif path.exists():
+      path.unlink()
+
+
+@pytest.fixture
+def sandbox(tmp_path):
+  return _Sandbox(tmp_path)
+
+
+@pytest.fixture
+def worker(tmp_path):
+  return _Worker(tmp_path)
+
+
+def _remote_command(call):
+  """The --command= value of a recorded gcloud ssh call."""
+  (command,) = [a[len('--command='):] for a in call
+                if a.startswith('--command=')]
+  return command
+
+
+def _split_dry_run(out):
+  """Parses dry-run output (shell words) back into gcloud argument lists."""
+  commands = []
+  for word in shlex.split(out):
+    if word == 'gcloud':
+      commands.append([])
+    else:
+      commands[-1].append(word)
+  return commands
+
+
+# ------------------------------------------------------------ static checks
+
+
+@pytest.mark.parametrize('script', _SCRIPTS + ('common.sh',))
+def test_bash_syntax(script):
+  proc = subprocess.run(['bash', '-n', str(_LAUNCH / script)],
+                        capture_output=True, text=True, check=False)
+  assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize('script', _SCRIPTS)
+def test_script_starts_with_shebang_and_strict_mode(script):
+  lines = (_LAUNCH / script).read_text().splitlines()
+  assert lines[0] == '#!/bin/bash'
+  assert 'set -euo pipefail' in lines
+
+
+def test_shellcheck():
+  shellcheck = shutil.which('shellcheck')
+  if shellcheck is None:
+    pytest.skip('shellcheck is not installed')
+  proc = subprocess.run(
+      [shellcheck, '-x', *(str(_LAUNCH / s) for s in _SCRIPTS + (
+          'common.sh',))], capture_output=True, text=True, cwd=_REPO,
+      check=False)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ----------------------------------------------------- settings and flags
+
+
+@pytest.mark.parametrize('script,name',
+                         [(s, n) for s in _SCRIPTS for n in _NEEDS[s]])
+def test_missing_setting_exits_2_naming_it(sandbox, script, name):
+  settings = {k: v for k, v in _SETTINGS.items() if k != name}
+  result = sandbox.run(script, *_ARGS[script], settings=settings)
+  assert result.rc == 2, result.err
+  assert (f'launch/{script}: {name} is not set (export {name}=... or pass '
+          f'{_FLAGS[name]}=...)') in result.err
+  assert not result.calls
+
+
+@pytest.mark.parametrize('script', _SCRIPTS)
+def test_needs_only_its_settings(sandbox, script):
+  settings = {k: _SETTINGS[k] for k in _NEEDS[script]}
+  result = sandbox.run(script, *_ARGS[script], settings=settings)
+  assert result.rc == 0, result.err
+  assert result.calls
+
+
+@pytest.mark.parametrize('script', _SCRIPTS)
+def test_flags_replace_settings(sandbox, script):
+  flags = [f'{_FLAGS[k]}={_SETTINGS[k]}' for k in _NEEDS[script]]
+  result = sandbox.run(script, *_ARGS[script], *flags, settings={})
+  assert result.rc == 0, result.err
+
+
+def test_flag_overrides_environment(sandbox):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'], '--tpu-name=other',
+                       '--zone=us-west4-a', '--project=proj')
+  assert result.rc == 0, result.err
+  assert result.calls[1] == [
+      'compute', 'tpus', 'tpu-vm', 'scp', '--recurse', str(_REPO),
+      'other:~/agent_tunix', '--worker=all', '--zone=us-west4-a',
+      '--project=proj']
+
+
+@pytest.mark.parametrize('script', _SCRIPTS)
+def test_unknown_argument_exits_2(sandbox, script):
+  result = sandbox.run(script, *_ARGS[script], '--no-such-flag')
+  assert result.rc == 2
+  assert "unknown argument '--no-such-flag'" in result.err
+  assert not result.calls
+
+
+@pytest.mark.parametrize('script', _SCRIPTS)
+def test_help(sandbox, script):
+  result = sandbox.run(script, '--help', settings={})
+  assert result.rc == 0
+  assert 'Usage:' in result.out
+  assert not result.calls
+
+
+@pytest.mark.parametrize('script', _SCRIPTS)
+def test_dry_run_runs_no_gcloud(sandbox, script):
+  result = sandbox.run(script, *_ARGS[script], '--dry-run')
+  assert result.rc == 0, result.err
+  assert not result.calls
+  lines = result.out.splitlines()
+  assert lines
+  assert all(line.startswith('gcloud compute tpus ') for line in lines)
+
+
+@pytest.mark.parametrize('script', ['create.sh', 'setup.sh', 'run.sh',
+                                    'stop.sh', 'delete.sh'])
+def test_dry_run_prints_what_a_real_run_does(sandbox, script):
+  real = sandbox.run(script, *_ARGS[script])
+  dry = sandbox.run(script, *_ARGS[script], '--dry-run')
+  assert real.rc == 0 and dry.rc == 0
+  assert _split_dry_run(dry.out) == real.calls
+
+
+# ----------------------------------------------------------------- retries
+
+
+def test_retry_succeeds_after_failures(sandbox):
+  result = sandbox.run('create.sh', FAKE_GCLOUD_FAIL_FIRST='2', RETRIES='3')
+  assert result.rc == 0, result.err
+  assert len(result.calls) == 3
+  assert result.calls[0] == result.calls[1] == result.calls[2]
+  assert 'attempt 1/3 failed (exit 1)' in result.err
+
+
+def test_retry_gives_up_with_gcloud_exit_status(sandbox):
+  result = sandbox.run('create.sh', '--retries=2', FAKE_GCLOUD_FAIL_FIRST='9',
+                       FAKE_GCLOUD_FAIL_RC='7', RETRIES='5')
+  assert result.rc == 7
+  assert len(result.calls) == 2
+  assert 'giving up after 2 attempt(s)' in result.err
+
+
+def test_retry_of_copy_starts_clean(sandbox):
+  # The scp (call 1) fails: the old copy is removed again before the retry.
+  result = sandbox.run('run.sh', *_ARGS['run.sh'],
+                       FAKE_GCLOUD_FAIL_CALLS='1')
+  assert result.rc == 0, result.err
+  kinds = [c[3] for c in result.calls]
+  assert kinds == ['ssh', 'scp', 'ssh', 'scp', 'ssh']
+  assert _remote_command(result.calls[2]).endswith('rm -rf ~/agent_tunix')
+
+
+def test_refused_step_is_not_retried(sandbox):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'], FAKE_GCLOUD_FAIL_FIRST='1',
+                       FAKE_GCLOUD_FAIL_RC='3')
+  assert result.rc == 3
+  assert len(result.calls) == 1
+  assert 'not retrying' in result.err
+
+
+@pytest.mark.parametrize('name,value', [('RETRIES', '0'), ('RETRIES', 'x'),
+                                        ('RETRY_DELAY', '-1')])
+def test_bad_retry_setting_exits_2(sandbox, name, value):
+  result = sandbox.run('stop.sh', **{name: value})
+  assert result.rc == 2
+  assert name in result.err
+  assert not result.calls
+
+
+# ------------------------------------------------------------------ create
+
+
+def test_create_tpu_vm(sandbox):
+  result = sandbox.run('create.sh')
+  assert result.rc == 0, result.err
+  assert result.calls == [[
+      'compute', 'tpus', 'tpu-vm', 'create', 't', '--zone=z', '--project=p',
+      '--accelerator-type=v5litepod-16', '--version=r']]
+
+
+@pytest.mark.parametrize('flag', ['--spot', '--preemptible'])
+def test_create_tpu_vm_capacity_flags(sandbox, flag):
+  result = sandbox.run('create.sh', flag, '--', '--labels=a=b')
+  assert result.rc == 0, result.err
+  assert result.calls[0][-2:] == [flag, '--labels=a=b']
+
+
+def test_create_queued_resource(sandbox):
+  result = sandbox.run('create.sh', '--queued', '--spot')
+  assert result.rc == 0, result.err
+  assert result.calls == [[
+      'compute', 'tpus', 'queued-resources', 'create', 't', '--node-id=t',
+      '--zone=z', '--project=p', '--accelerator-type=v5litepod-16',
+      '--runtime-version=r', '--spot']]
+
+
+def test_create_queued_waits_until_active(sandbox):
+  result = sandbox.run('create.sh', '--queued', '--wait',
+                       FAKE_GCLOUD_STDOUT='ACTIVE\n')
+  assert result.rc == 0, result.err
+  assert result.calls[1] == [
+      'compute', 'tpus', 'queued-resources', 'describe', 't', '--zone=z',
+      '--project=p', '--format=value(state.state)']
+
+
+def test_create_queued_wait_stops_on_failure(sandbox):
+  result = sandbox.run('create.sh', '--queued', '--wait',
+                       FAKE_GCLOUD_STDOUT='FAILED\n')
+  assert result.rc == 1
+  assert 'is FAILED' in result.err
+
+
+@pytest.mark.parametrize('args', [['--spot', '--preemptible'],
+                                  ['--queued', '--preemptible'], ['--wait']])
+def test_create_rejects_bad_flag_combinations(sandbox, args):
+  result = sandbox.run('create.sh', *args)
+  assert result.rc == 2
+  assert not result.calls
+
+
+# ------------------------------------------------------------------- setup
+
+
+def test_setup_copies_code_then_sets_up_all_workers(sandbox):
+  result = sandbox.run('setup.sh')
+  assert result.rc == 0, result.err
+  assert len(result.calls) == 3
+  assert result.calls[0][:8] == _SSH + ['--worker=all']
+  assert result.calls[1] == _SCP
+  assert result.calls[2][:8] == _SSH + ['--worker=all']
+  command = _remote_command(result.calls[2])
+  for part in ['ppa:deadsnakes/ppa', 'python3.11-venv',
+               '-m venv ~/agent_tunix_venv',
+               'pip install -q -r ~/agent_tunix/requirements.txt',
+               'jax[tpu]==']:
+    assert part in command
+
+
+def test_setup_on_a_ready_worker_only_runs_pip(sandbox, worker):
+  # The worker has tmux, a Python >= 3.11 (this one) and the virtualenv:
+  # nothing is installed with apt (the fake sudo fails) or created.
+  command = _remote_command(sandbox.run('setup.sh').calls[2])
+  proc = worker.run(command)
+  assert proc.returncode == 0, proc.stderr
+  assert 'sudo' not in proc.stderr
+  argvs = [c['argv'] for c in worker.python_calls()]
+  requirements = str(worker.home / 'agent_tunix' / 'requirements.txt')
+  assert argvs[0] == ['-m', 'pip', 'install', '-q', '-r', requirements]
+  assert argvs[2] == ['-m', 'pip', 'install', '-q', 'jax[tpu]==0.0.7']
+  assert 'setup done' in proc.stdout
+
+
+# --------------------------------------------------------------------- run
+
+
+def test_run_acceptance_dry_run(sandbox):
+  result = sandbox.run('run.sh', '--dry-run', '--config=configs/gemma3_1b.py',
+                       '--workdir=gs://b/run')
+  assert result.rc == 0, result.err
+  assert not result.calls
+  lines = result.out.splitlines()
+  scp = [l for l in lines if 'tpu-vm scp' in l]
+  ssh = [l for l in lines if 'tpu-vm ssh' in l and '--worker=all' in l]
+  assert len(scp) == 1
+  assert ssh
+  assert ('python -m agent_tunix.main --multihost '
+          '--config=configs/gemma3_1b.py --workdir=gs://b/run') in ssh[-1]
+
+
+def test_run_gcloud_calls(sandbox):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'])
+  assert result.rc == 0, result.err
+  assert len(result.calls) == 3
+  assert result.calls[0][:8] == _SSH + ['--worker=all']
+  assert result.calls[1] == _SCP
+  assert result.calls[2][:8] == _SSH + ['--worker=all']
+  assert len(result.calls[2]) == 9
+  assert 'tmux new-session -d -s agent_tunix' in result.calls[2][8]
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--workdir=gs://b/run'], '--config is required'),
+    (['--config=configs/gemma3_1b.py'], '--workdir is required'),
+    (_ARGS['run.sh'] + ['--grace=soon'], '--grace must be'),
+])
+def test_run_argument_errors(sandbox, args, message):
+  result = sandbox.run('run.sh', *args)
+  assert result.rc == 2
+  assert message in result.err
+  assert not result.calls
+
+
+def test_run_warns_about_local_workdir(sandbox):
+  result = sandbox.run('run.sh', '--config=configs/gemma3_1b.py',
+                       '--workdir=/tmp/run')
+  assert result.rc == 0
+  assert 'is not a gs:// path' in result.err
+
+
+_OVERRIDES = [
+    "--config.data.system_prompt=it's a \"test\"",
+    '--config.a=$HOME and ${HOME}',
+    '--config.b=`echo no` $(echo no)',
+    '--config.c=back\\slash \\n %s *',
+    '--config.d=semi;colon|pipe&amp>gt<lt',
+    '--config.e=two\nlines',
+    '--config.f=',
+    "--config.g='",
+]
+
+
+@pytest.mark.parametrize('shell', ['bash', 'sh'])
+def test_run_starts_trainer_with_exact_arguments(sandbox, worker, shell):
+  extra = ['--flagfile=a b', "it's"]
+  result = sandbox.run('run.sh', *_ARGS['run.sh'], *_OVERRIDES, '--', *extra)
+  assert result.rc == 0, result.err
+  proc = worker.run(_remote_command(result.calls[2]), shell=shell)
+  assert proc.returncode == 0, proc.stderr
+  assert 'started agent_tunix' in proc.stdout
+  (call,) = worker.python_calls()
+  assert call['argv'] == [
+      '-m', 'agent_tunix.main', '--multihost',
+      '--config=configs/gemma3_1b.py', '--workdir=gs://b/run',
+      *_OVERRIDES, *extra]
+  assert call['cwd'] == str(worker.home / 'agent_tunix')
+  log = (worker.home / 'agent_tunix_logs' / 'worker_3.log').read_text()
+  assert 'fake trainer output' in log
+  assert 'exited with status 0' in log
+  assert not (worker.home / 'agent_tunix_logs' / 'pid').exists()
+  assert 'new-session -d -s agent_tunix' in (
+      worker.home / 'tmux.log').read_text()
+
+
+def test_run_dry_run_quoting_round_trips(sandbox):
+  overrides = [o for o in _OVERRIDES if '\n' not in o]
+  real = sandbox.run('run.sh', *_ARGS['run.sh'], *overrides)
+  dry = sandbox.run('run.sh', *_ARGS['run.sh'], *overrides, '--dry-run')
+  assert len(dry.out.splitlines()) == 3
+  assert _split_dry_run(dry.out) == real.calls
+
+
+@pytest.mark.parametrize('number', ['2', ''])
+def test_run_names_log_after_worker_number(sandbox, worker, number):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'])
+  proc = worker.run(_remote_command(result.calls[2]), TPU_WORKER_ID='',
+                    FAKE_WORKER_NUMBER=number)
+  assert proc.returncode == 0, proc.stderr
+  name = number or subprocess.run(['hostname'], capture_output=True,
+                                  text=True, check=True).stdout.strip()
+  log = worker.home / 'agent_tunix_logs' / f'worker_{name}.log'
+  assert 'fake trainer output' in log.read_text()
+
+
+def test_run_log_keeps_trainer_exit_status(sandbox, worker):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'])
+  worker.run(_remote_command(result.calls[2]), FAKE_TRAINER_RC='5')
+  log = (worker.home / 'agent_tunix_logs' / 'worker_3.log').read_text()
+  assert 'exited with status 5' in log
+
+
+def test_run_does_not_start_a_second_session(sandbox, worker):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'])
+  worker.session_running(True)
+  proc = worker.run(_remote_command(result.calls[2]))
+  assert proc.returncode == 0
+  assert 'already started' in proc.stdout
+  assert not worker.python_calls()
+
+
+def test_run_copy_refuses_while_a_run_is_going(sandbox, worker):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'])
+  guard = _remote_command(result.calls[0])
+  worker.session_running(True)
+  proc = worker.run(guard)
+  assert proc.returncode == 3
+  assert 'pass --restart' in proc.stderr
+  assert (worker.home / 'agent_tunix').exists()
+  worker.session_running(False)
+  proc = worker.run(guard)
+  assert proc.returncode == 0, proc.stderr
+  assert not (worker.home / 'agent_tunix').exists()
+
+
+def _start_fake_trainer(worker):
+  """Starts a process standing in for the trainer; records its pid."""
+  proc = subprocess.Popen(['sleep', '60'])
+  threading.Thread(target=proc.wait, daemon=True).start()  # Reaps it.
+  logs = worker.home / 'agent_tunix_logs'
+  logs.mkdir(exist_ok=True)
+  (logs / 'pid').write_text(f'{proc.pid}\n')
+  worker.session_running(True)
+  return proc
+
+
+def test_run_restart_stops_the_old_run(sandbox, worker):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'], '--restart', '--grace=5')
+  assert result.rc == 0, result.err
+  trainer = _start_fake_trainer(worker)
+  proc = worker.run(_remote_command(result.calls[0]))
+  assert proc.returncode == 0, proc.stderr
+  assert trainer.wait(timeout=10) == -15  # SIGTERM
+  assert not (worker.home / 'agent_tunix').exists()
+
+
+# -------------------------------------------------------------- stop, logs
+
+
+def test_stop_sends_sigterm_on_all_workers(sandbox, worker):
+  result = sandbox.run('stop.sh', '--grace=5')
+  assert result.rc == 0, result.err
+  (call,) = result.calls
+  assert call[:8] == _SSH + ['--worker=all']
+  trainer = _start_fake_trainer(worker)
+  proc = worker.run(_remote_command(call))
+  assert proc.returncode == 0, proc.stderr
+  assert trainer.wait(timeout=10) == -15
+  assert 'stopped agent_tunix' in proc.stdout
+  assert 'kill-session -t agent_tunix' in (
+      worker.home / 'tmux.log').read_text()
+  assert not (worker.home / 'agent_tunix_logs' / 'pid').exists()
+
+
+def test_stop_without_a_run(sandbox, worker):
+  result = sandbox.run('stop.sh')
+  proc = worker.run(_remote_command(result.calls[0]))
+  assert proc.returncode == 0, proc.stderr
+  assert 'not running' in proc.stdout
+
+
+@pytest.mark.parametrize('args,worker_flag,command', [
+    ([], '--worker=0', 'tail -n 100 -F ~/agent_tunix_logs/worker_*.log'),
+    (['--worker=2', '--lines=5', '--no-follow'], '--worker=2',
+     'tail -n 5 ~/agent_tunix_logs/worker_*.log'),
+])
+def test_logs(sandbox, args, worker_flag, command):
+  result = sandbox.run('logs.sh', *args)
+  assert result.rc == 0, result.err
+  assert result.calls == [_SSH + [worker_flag, '--command=' + command]]
+
+
+def test_logs_not_retried(sandbox):
+  result = sandbox.run('logs.sh', FAKE_GCLOUD_FAIL_FIRST='1')
+  assert result.rc == 1
+  assert len(result.calls) == 1
+
+
+@pytest.mark.parametrize('args', [['--worker=one'], ['--lines=-3']])
+def test_logs_bad_arguments(sandbox, args):
+  result = sandbox.run('logs.sh', *args)
+  assert result.rc == 2
+  assert not result.calls
+
+
+# ------------------------------------------------------------- tensorboard
+
+
+def test_tensorboard_tunnel(sandbox):
+  result = sandbox.run('tensorboard.sh', '--workdir=gs://b/run', '--tunnel',
+                       '--port=7007')
+  assert result.rc == 0, result.err
+  (call,) = result.calls
+  assert call[:8] == _SSH + ['--worker=0']
+  assert call[9:] == ['--', '-L', '7007:localhost:7007']
+  assert ('~/agent_tunix_venv/bin/tensorboard --logdir=gs://b/run '
+          '--port=7007 --host=localhost') in call[8]
+
+
+def test_tensorboard_local_needs_no_settings(sandbox):
+  _write_executable(sandbox.bin / 'tensorboard',
+                    '#!/bin/sh\necho "tensorboard $*"\n')
+  result = sandbox.run('tensorboard.sh', '--workdir=gs://b/run', settings={})
+  assert result.rc == 0, result.err
+  assert 'tensorboard --logdir=gs://b/run --port=6006' in result.out
+  assert not result.calls
+
+
+def test_tensorboard_local_dry_run(sandbox):
+  result = sandbox.run('tensorboard.sh', '--workdir=gs://b/run', '--dry-run',
+                       settings={})
+  assert result.rc == 0, result.err
+  assert result.out == 'tensorboard --logdir=gs://b/run --port=6006\n'
+
+
+def test_tensorboard_needs_workdir(sandbox):
+  result = sandbox.run('tensorboard.sh', '--tunnel')
+  assert result.rc == 2
+  assert '--workdir is required' in result.err
+
+
+# ------------------------------------------------------------------ delete
+
+
+def test_delete_with_yes(sandbox):
+  result = sandbox.run('delete.sh', '--yes')
+  assert result.rc == 0, result.err
+  assert result.calls == [['compute', 'tpus', 'tpu-vm', 'delete', 't',
+                           '--zone=z', '--project=p', '--quiet']]
+
+
+def test_delete_queued(sandbox):
+  result = sandbox.run('delete.sh', '--queued', '--yes')
+  assert result.rc == 0, result.err
+  assert result.calls == [['compute', 'tpus', 'queued-resources', 'delete',
+                           't', '--zone=z', '--project=p', '--force',
+                           '--quiet']]
+
+
+@pytest.mark.parametrize('answer,deleted', [('y\n', True), ('yes\n', True),
+                                            ('n\n', False), ('', False)])
+def test_delete_asks_first(sandbox, answer, deleted):
+  result = sandbox.run('delete.sh', stdin=answer)
+  assert bool(result.calls) == deleted
+  assert result.rc == (0 if deleted else 1)
+
+
+# ----------------------------------------------------- remote command syntax
+
+
+@pytest.mark.parametrize('script,args', [
+    ('setup.sh', []), ('run.sh', _ARGS['run.sh']),
+    ('run.sh', _ARGS['run.sh'] + ['--restart']), ('stop.sh', []),
+    ('logs.sh', []), ('tensorboard.sh', _ARGS['tensorboard.sh'])])
+def test_remote_commands_parse_in_bash_and_sh(sandbox, script, args):
+  result = sandbox.run(script, *args)
+  assert result.rc == 0, result.err
+  for call in result.calls:
+    if call[3] != 'ssh':
+      continue
+    for shell in ('bash', 'sh'):
+      proc = subprocess.run([shell, '-n', '-c', _remote_command(call)],
+                            capture_output=True, text=True, check=False)
+      assert proc.returncode == 0, (shell, proc.stderr, call)
+
+
+if __name__ == '__main__':
+  sys.exit(pytest.main([__file__, *sys.argv[1:]]))
