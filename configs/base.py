@@ -203,3 +203,66 @@ def get_config(arg=None):
   config.logging.report_every_n_steps = 1
 
   return config
+
+
+def apply_arg(config, arg):
+  """Applies a preset argument: comma-separated words and overrides.
+
+  'quick' shrinks the run to a few short steps (a smoke test); 'it' switches
+  the model preset to its instruction-tuned variant; 'section.field=value'
+  sets a field (value parsed as int, float, bool or string). For example
+  `--config=configs/gemma3_1b.py:it,model.lora_rank=8`.
+
+  Args:
+    config: the config to change in place.
+    arg: the text after ':' in --config, or None.
+
+  Returns:
+    `config`.
+  """
+  for item in (arg or '').split(','):
+    item = item.strip()
+    if not item:
+      continue
+    if item == 'quick':
+      config.training.num_steps = 4
+      config.training.batch_size = 1
+      config.grpo.num_generations = 2
+      config.generation.max_generation_steps = 32
+      config.eval.max_generation_steps = 32
+      config.eval.pass_at_k = 2
+      config.eval.eval_every_n_steps = 2
+      config.data.num_eval_examples = 2
+      config.eval.batch_size = 2
+      config.checkpoint.save_interval_steps = 2
+    elif item == 'it':
+      if not config.model.preset.endswith('_it'):
+        config.model.preset = config.model.preset.replace('_pt', '') + '_it'
+    elif '=' in item:
+      key, value = item.split('=', 1)
+      section = config
+      *parents, leaf = key.strip().split('.')
+      for parent in parents:
+        section = section[parent]
+      if leaf not in section:
+        raise KeyError(
+            f'Preset argument {item!r}: config has no field {key!r}.'
+        )
+      section[leaf] = type(section[leaf])(_parse_value(value.strip()))
+    else:
+      raise ValueError(
+          f"Unknown preset argument {item!r}; use 'quick', 'it' or "
+          "'section.field=value'."
+      )
+  return config
+
+
+def _parse_value(text):
+  if text.lower() in ('true', 'false'):
+    return text.lower() == 'true'
+  for cast in (int, float):
+    try:
+      return cast(text)
+    except ValueError:
+      pass
+  return text

@@ -1,0 +1,205 @@
+"""Config validation, run before any weight is read.
+
+Every check names the config field, the bad value and the fix, so a typo or
+an impossible combination costs seconds, not a model load.
+"""
+
+import math
+
+from agent_tunix import rewards
+from agent_tunix import sharding
+from agent_tunix.data import pipeline
+from agent_tunix.models import gemma
+
+_CHOICES = {
+    'model.source': gemma.SOURCES,
+    'model.dtype': tuple(gemma.DTYPES),
+    'model.remat': tuple(gemma.REMAT),
+    'model.preset': tuple(gemma.PRESETS),
+    'data.template': ('auto', 'chat', 'plain'),
+    'grpo.kl_estimator': ('k1', 'k3'),
+    'grpo.scale_rewards': ('group', 'batch', 'none'),
+    'grpo.loss_agg_mode': (
+        'token-mean', 'sequence-mean-token-mean',
+        'sequence-mean-token-sum-norm',
+    ),
+}
+
+
+class ConfigError(ValueError):
+  """An invalid or impossible config."""
+
+
+def _get(config, dotted):
+  value = config
+  for part in dotted.split('.'):
+    value = value[part]
+  return value
+
+
+def _require(ok, message):
+  if not ok:
+    raise ConfigError(message)
+
+
+def validate(config, num_devices=None, process_count=1):
+  """Raises ConfigError for the first invalid field found.
+
+  Args:
+    config: the full ml_collections config.
+    num_devices: devices the mesh will span (default: jax.device_count()).
+    process_count: number of JAX processes (hosts).
+  """
+  for field, choices in _CHOICES.items():
+    value = _get(config, field)
+    _require(
+        value in choices,
+        f'config.{field}={value!r} is not one of {list(choices)}.',
+    )
+  m, g, gen, t = config.model, config.grpo, config.generation, config.training
+  _require(
+      m.lora_rank >= 0,
+      f'config.model.lora_rank={m.lora_rank} must be >= 0 (0 disables LoRA).',
+  )
+  _require(
+      g.num_generations >= 2,
+      f'config.grpo.num_generations={g.num_generations}: GRPO compares '
+      'completions within a group, so it needs at least 2.',
+  )
+  _require(g.beta >= 0, f'config.grpo.beta={g.beta} must be >= 0.')
+  _require(
+      g.epsilon > 0, f'config.grpo.epsilon={g.epsilon} must be positive.'
+  )
+  _require(
+      g.num_iterations >= 1,
+      f'config.grpo.num_iterations={g.num_iterations} must be >= 1.',
+  )
+  _require(
+      g.logps_chunk_size >= 1,
+      f'config.grpo.logps_chunk_size={g.logps_chunk_size} must be >= 1.',
+  )
+  for field in ('max_prompt_length', 'max_generation_steps'):
+    _require(
+        gen[field] >= 1,
+        f'config.generation.{field}={gen[field]} must be >= 1.',
+    )
+  for name, steps in (('generation.max_generation_steps',
+                       gen.max_generation_steps),
+                      ('eval.max_generation_steps',
+                       config.eval.max_generation_steps)):
+    need = gen.max_prompt_length + steps
+    _require(
+        need <= gen.kv_cache_size,
+        f'config.generation.max_prompt_length ({gen.max_prompt_length}) + '
+        f'config.{name} ({steps}) = {need} exceeds the KV cache '
+        f'(config.generation.kv_cache_size={gen.kv_cache_size}). Raise '
+        'kv_cache_size or shorten the lengths.',
+    )
+  _require(
+      gen.temperature >= 0,
+      f'config.generation.temperature={gen.temperature} must be >= 0.',
+  )
+  _require(
+      0 < gen.top_p <= 1,
+      f'config.generation.top_p={gen.top_p} must be in (0, 1].',
+  )
+  _require(
+      gen.top_k >= 0, f'config.generation.top_k={gen.top_k} must be >= 0.'
+  )
+  _require(
+      t.num_steps >= 1,
+      f'config.training.num_steps={t.num_steps} must be >= 1.',
+  )
+  _require(
+      t.batch_size >= 1 and t.micro_batch_size >= 1,
+      'config.training.batch_size and micro_batch_size must be >= 1.',
+  )
+  _require(
+      t.batch_size % t.micro_batch_size == 0,
+      f'config.training.batch_size={t.batch_size} is not divisible by '
+      f'config.training.micro_batch_size={t.micro_batch_size}; pick a '
+      'micro-batch size that divides the batch size.',
+  )
+  _require(
+      t.batch_size % process_count == 0,
+      f'config.training.batch_size={t.batch_size} is not divisible by the '
+      f'{process_count} processes; every host needs the same number of '
+      'prompts.',
+  )
+  opt = config.optimizer
+  _require(
+      opt.learning_rate > 0,
+      f'config.optimizer.learning_rate={opt.learning_rate} must be > 0.',
+  )
+  _require(
+      0 <= opt.warmup_ratio <= 1,
+      f'config.optimizer.warmup_ratio={opt.warmup_ratio} must be in [0, 1].',
+  )
+  _require(
+      opt.max_grad_norm >= 0,
+      f'config.optimizer.max_grad_norm={opt.max_grad_norm} must be >= 0 '
+      '(0 turns clipping off).',
+  )
+  ck = config.checkpoint
+  _require(
+      ck.save_interval_steps >= 1 and ck.max_to_keep >= 1,
+      'config.checkpoint.save_interval_steps and max_to_keep must be >= 1.',
+  )
+  _require(
+      config.eval.eval_every_n_steps >= 0 and config.eval.pass_at_k >= 0,
+      'config.eval.eval_every_n_steps and pass_at_k must be >= 0.',
+  )
+  _require(
+      config.eval.batch_size >= 1,
+      f'config.eval.batch_size={config.eval.batch_size} must be >= 1.',
+  )
+  try:
+    rewards.parse_spec(config.rewards.functions)
+  except ValueError as e:
+    raise ConfigError(f'config.rewards.functions: {e}') from e
+  try:
+    pipeline.parse_source(config.data.source)
+  except ValueError as e:
+    raise ConfigError(f'config.data.source: {e}') from e
+  _validate_mesh(config, num_devices)
+
+
+def _validate_mesh(config, num_devices):
+  """Mesh axes, sizes and the batch split over the data-parallel axes."""
+  mesh = config.mesh
+  names, shape = tuple(mesh.axis_names), tuple(mesh.shape)
+  _require(
+      len(names) == len(shape),
+      f'config.mesh.shape={shape} and config.mesh.axis_names={names} differ '
+      'in length; give one name per axis.',
+  )
+  _require(
+      set(names) <= set(sharding.AXIS_NAMES) and len(set(names)) == len(names)
+      and {'fsdp', 'tp'} <= set(names),
+      f'config.mesh.axis_names={names}: use distinct names from '
+      f'{sharding.AXIS_NAMES}, including fsdp and tp (the names tunix shards '
+      'Gemma weights over).',
+  )
+  if num_devices is None:
+    import jax  # pylint: disable=g-import-not-at-top
+    num_devices = jax.device_count()
+  try:
+    resolved = sharding.resolve_shape(shape, num_devices)
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+  parallel = math.prod(
+      size for name, size in zip(names, resolved)
+      if name in sharding.BATCH_AXES
+  )
+  t = config.training
+  for field, rows in (
+      ('batch_size', t.batch_size * config.grpo.num_generations),
+      ('micro_batch_size', t.micro_batch_size * config.grpo.num_generations),
+  ):
+    _require(
+        rows % parallel == 0,
+        f'config.training.{field} x grpo.num_generations = {rows} '
+        f'completions are not divisible by the {parallel}-way data '
+        f'parallelism of config.mesh.shape={resolved} (axes '
+        f'{sharding.BATCH_AXES}). Change the batch or the mesh.',
+    )

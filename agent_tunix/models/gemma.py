@@ -1,0 +1,286 @@
+"""Builds a Gemma 3 policy (tunix NNX modules) from `config.model`.
+
+Sources: 'gguf' (offline default), 'hf', 'kaggle', 'orbax', 'random'. Weights
+are created directly sharded on the mesh: the module tree is built abstractly
+with `nnx.eval_shape`, and every parameter array is assembled shard by shard
+with `jax.make_array_from_callback`, so no host ever holds a replicated copy
+on device.
+"""
+
+import dataclasses
+import os
+
+from absl import logging
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tunix.models.gemma3 import model as model_lib
+
+from agent_tunix.models import gguf as gguf_lib
+from agent_tunix.models import tokenizer as tokenizer_lib
+
+# Preset name -> tunix ModelConfig factory.
+PRESETS = {
+    'gemma3_270m': model_lib.ModelConfig.gemma3_270m,
+    'gemma3_270m_it': model_lib.ModelConfig.gemma3_270m_it,
+    'gemma3_1b_pt': model_lib.ModelConfig.gemma3_1b_pt,
+    'gemma3_1b_it': model_lib.ModelConfig.gemma3_1b_it,
+    'gemma3_4b_pt': model_lib.ModelConfig.gemma3_4b_pt,
+    'gemma3_4b_it': model_lib.ModelConfig.gemma3_4b_it,
+    'gemma3_12b_pt': model_lib.ModelConfig.gemma3_12b_pt,
+    'gemma3_12b_it': model_lib.ModelConfig.gemma3_12b_it,
+    'gemma3_27b_pt': model_lib.ModelConfig.gemma3_27b_pt,
+    'gemma3_27b_it': model_lib.ModelConfig.gemma3_27b_it,
+    'tiny': None,  # See tiny_config().
+}
+SOURCES = ('gguf', 'hf', 'kaggle', 'orbax', 'random')
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+REMAT = {
+    'none': model_lib.RematConfig.NONE,
+    'block': model_lib.RematConfig.BLOCK,
+    'decoder': model_lib.RematConfig.DECODER,
+}
+# The Gemma 3 vocabulary; the tiny model keeps it so the real tokenizer works.
+VOCAB_SIZE = 262144
+
+
+def tiny_config(**kwargs):
+  """A 2-layer random Gemma 3 with the real vocabulary, for tests."""
+  return model_lib.ModelConfig(
+      num_layers=2,
+      num_embed=VOCAB_SIZE,
+      embed_dim=32,
+      hidden_dim=64,
+      num_heads=2,
+      head_dim=16,
+      num_kv_heads=1,
+      sliding_window_size=16,
+      global_base_frequency=1_000_000,
+      **kwargs,
+  )
+
+
+def is_instruction_tuned(preset):
+  return preset.endswith('_it')
+
+
+def model_config(model_cfg):
+  """The tunix ModelConfig for `config.model` (preset, dtype, remat)."""
+  if model_cfg.preset not in PRESETS:
+    raise ValueError(
+        f'config.model.preset={model_cfg.preset!r} is unknown; choose one of '
+        f'{sorted(PRESETS)}.'
+    )
+  overrides = dict(
+      param_dtype=DTYPES[model_cfg.dtype], remat_config=REMAT[model_cfg.remat]
+  )
+  if model_cfg.preset == 'tiny':
+    return tiny_config(**overrides)
+  return dataclasses.replace(PRESETS[model_cfg.preset](), **overrides)
+
+
+def abstract_model(cfg):
+  return nnx.eval_shape(lambda: model_lib.Gemma3(cfg, rngs=nnx.Rngs(0)))
+
+
+def _flat_state(tree):
+  """{dotted path: Variable} for the Params of a module or a State."""
+  state = tree if isinstance(tree, nnx.State) else nnx.state(tree, nnx.Param)
+  return {
+      '.'.join(str(k) for k in path): var
+      for path, var in nnx.to_flat_state(state)
+  }
+
+
+def place_params(cfg, flat, mesh, source_name):
+  """Creates the model with `flat` {dotted path: array} sharded on `mesh`.
+
+  Every parameter of the architecture must be present with the preset's
+  shape; otherwise nothing is loaded and a ValueError names the source, the
+  parameter, the expected and the found shape.
+  """
+  model = abstract_model(cfg)
+  abstract = _flat_state(model)
+  missing = sorted(set(abstract) - set(flat))
+  extra = sorted(set(flat) - set(abstract))
+  if missing or extra:
+    raise ValueError(
+        f'{source_name}: parameters do not match the preset. Missing: '
+        f'{missing[:5]}{"..." if len(missing) > 5 else ""}; unexpected: '
+        f'{extra[:5]}{"..." if len(extra) > 5 else ""}.'
+    )
+  for name, var in abstract.items():
+    want = tuple(var.value.shape)
+    found = tuple(np.shape(flat[name]))
+    if want != found:
+      raise ValueError(
+          f'{source_name}: parameter {name!r} has shape {found}, the preset '
+          f'expects {want}. Pick the config.model.preset matching the '
+          'checkpoint.'
+      )
+  flat_shardings = _flat_state(
+      nnx.get_named_sharding(nnx.state(model, nnx.Param), mesh)
+  )
+  dtype = cfg.param_dtype
+  for name, var in abstract.items():
+    host = np.asarray(flat[name])
+    var.value = jax.make_array_from_callback(
+        host.shape,
+        flat_shardings[name].value,
+        lambda idx, host=host: host[idx].astype(dtype),
+    )
+  return model
+
+
+def random_model(cfg, mesh, seed=0):
+  """A randomly initialised model, created sharded under jit."""
+  abstract = abstract_model(cfg)
+  shardings = nnx.get_named_sharding(nnx.state(abstract), mesh)
+  graphdef = nnx.graphdef(abstract)
+
+  def init():
+    model = model_lib.Gemma3(cfg, rngs=nnx.Rngs(seed))
+    state = nnx.state(model)
+    # Gemma's FFN kernels start at zero in tunix; give every weight a small
+    # random value so a random model computes something non-trivial.
+    leaves, treedef = jax.tree.flatten(state)
+    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+    leaves = [
+        (0.02 * jax.random.normal(k, x.shape)).astype(x.dtype)
+        if x.ndim > 1 else x
+        for k, x in zip(keys, leaves)
+    ]
+    return jax.tree.unflatten(treedef, leaves)
+
+  state = jax.jit(init, out_shardings=shardings)()
+  return nnx.merge(graphdef, state)
+
+
+def resolve_path(model_cfg):
+  """The weights path for the configured source ('' -> source default)."""
+  if model_cfg.source == 'gguf' and not model_cfg.path:
+    return gguf_lib.default_path()
+  return model_cfg.path
+
+
+def load_model(model_cfg, mesh):
+  """Loads the frozen base model (no LoRA) described by `config.model`."""
+  cfg = model_config(model_cfg)
+  source = model_cfg.source
+  path = resolve_path(model_cfg)
+  if source == 'random':
+    return random_model(cfg, mesh)
+  if source == 'gguf':
+    logging.info('Loading GGUF weights from %s', path)
+    flat = gguf_lib.load_params_cached(path, cfg, model_cfg.cache_dir)
+    return place_params(cfg, flat, mesh, path)
+  if source == 'hf':
+    return _load_hf(cfg, path, mesh)
+  if source in ('kaggle', 'orbax'):
+    return _load_orbax(cfg, source, path, mesh)
+  raise ValueError(
+      f'config.model.source={source!r} is unknown; choose one of {SOURCES}.'
+  )
+
+
+def _hf_local_dir(path):
+  """A local directory for an HF path or repo id (downloads if allowed)."""
+  if os.path.isdir(path):
+    return path
+  if os.path.exists(path) or path.startswith(('/', '.')):
+    raise FileNotFoundError(
+        f'Hugging Face model directory not found: {path!r}. Set '
+        'config.model.path to a local directory or a repo id.'
+    )
+  import huggingface_hub  # pylint: disable=g-import-not-at-top
+  try:
+    return huggingface_hub.snapshot_download(
+        path, allow_patterns=['*.safetensors', '*.json', 'tokenizer.model']
+    )
+  except Exception as e:
+    raise RuntimeError(
+        f'Could not download Hugging Face repo {path!r} ({e}). Without '
+        'network access, download it elsewhere and set config.model.path to '
+        'the local directory.'
+    ) from e
+
+
+def _load_hf(cfg, path, mesh):
+  """A Hugging Face Gemma 3 directory of safetensors via tunix's loader."""
+  from tunix.models.gemma3 import params_safetensors  # pylint: disable=g-import-not-at-top
+  local = _hf_local_dir(path)
+  if not any(f.endswith('.safetensors') for f in os.listdir(local)):
+    raise FileNotFoundError(
+        f'{local!r} has no *.safetensors files; expected a Hugging Face '
+        'Gemma 3 checkpoint directory.'
+    )
+  model = params_safetensors.create_model_from_safe_tensors(
+      local, cfg, mesh=mesh, dtype=cfg.param_dtype
+  )
+  _check_shapes(model, cfg, local)
+  return model
+
+
+def _load_orbax(cfg, source, path, mesh):
+  """The official Flax/Orbax Gemma 3 checkpoint (kagglehub or a path)."""
+  from tunix.models.gemma3 import params as params_lib  # pylint: disable=g-import-not-at-top
+  if source == 'kaggle':
+    import kagglehub  # pylint: disable=g-import-not-at-top
+    if not path:
+      raise ValueError(
+          "config.model.path must be a kagglehub handle for source='kaggle', "
+          "e.g. 'google/gemma-3/flax/gemma3-1b-it'."
+      )
+    path = kagglehub.model_download(path)
+    subdirs = [
+        os.path.join(path, d) for d in sorted(os.listdir(path))
+        if os.path.isdir(os.path.join(path, d))
+    ]
+    path = subdirs[0] if len(subdirs) == 1 else path
+  elif not path.startswith('gs://') and not os.path.exists(path):
+    raise FileNotFoundError(
+        f'Orbax checkpoint not found: {path!r}. Set config.model.path to a '
+        'local or gs:// Gemma 3 checkpoint directory.'
+    )
+  model = params_lib.create_model_from_checkpoint(
+      path, cfg, mesh=mesh, dtype=cfg.param_dtype
+  )
+  _check_shapes(model, cfg, path)
+  return model
+
+
+def _check_shapes(model, cfg, source_name):
+  expected = _flat_state(abstract_model(cfg))
+  for name, var in _flat_state(model).items():
+    want = tuple(expected[name].value.shape)
+    if tuple(var.value.shape) != want:
+      raise ValueError(
+          f'{source_name}: parameter {name!r} has shape '
+          f'{tuple(var.value.shape)}, the preset expects {want}.'
+      )
+
+
+def load_tokenizer(model_cfg):
+  """The SentencePiece tokenizer that matches `config.model`."""
+  source = model_cfg.source
+  if model_cfg.tokenizer_path:
+    return tokenizer_lib.load_sentencepiece(model_cfg.tokenizer_path)
+  if source in ('gguf', 'random'):
+    path = resolve_path(model_cfg) if source == 'gguf' else (
+        gguf_lib.default_path()
+    )
+    return tokenizer_lib.load_gguf_tokenizer(path, model_cfg.cache_dir)
+  if source == 'hf':
+    local = _hf_local_dir(model_cfg.path)
+    return tokenizer_lib.load_sentencepiece(
+        os.path.join(local, 'tokenizer.model')
+    )
+  base = model_cfg.path
+  if source == 'kaggle':
+    import kagglehub  # pylint: disable=g-import-not-at-top
+    base = kagglehub.model_download(model_cfg.path)
+  return tokenizer_lib.load_sentencepiece(
+      os.path.join(base if os.path.isdir(base) else os.path.dirname(base),
+                   'tokenizer.model')
+  )
