@@ -1,0 +1,666 @@
+"""GRPO math: advantages, per-token log-probs, KL, clipped loss, one update.
+
+Everything here is a small pure function of arrays (or of an NNX model and
+arrays) that can run under `jax.jit`, plus three jitted entry points for the
+train loop:
+
+* `train_step(model, optimizer, batch, hp)`: one LoRA update from a batch of
+  rollouts, with gradient accumulation over micro-batches.
+* `reference_logps(model, batch, hp)`: log-probs of the completions under the
+  base model (LoRA switched off), for the KL term.
+* `policy_logps(model, batch, hp)`: log-probs under the current policy, no
+  gradient; the "old" log-probs when a batch is reused (num_iterations > 1).
+
+The jitted functions use `nnx.jit` with the hyperparameters `hp` (a frozen,
+hashable `StepHParams`) as a static argument, so each distinct `hp` compiles
+once. Inside, the model is split into its LoRA parameters and everything
+else; gradients are taken with `jax.value_and_grad` with respect to the LoRA
+state only, so the frozen backbone never gets a gradient buffer.
+
+Batch layout (N rows = prompts x generations, groups contiguous):
+
+  tokens           int32   [N, P + C]  left-padded prompt, then completion
+  input_mask       bool    [N, P + C]  True on real (non-pad) tokens
+  completion_mask  float32 [N, C]      1 on completion tokens that count
+  advantages       float32 [N]
+  old_logps        float32 [N, C]      optional; absent = current policy
+  ref_logps        float32 [N, C]      needed only when hp.beta > 0
+
+The reference policy is the same backbone with LoRA disabled: qwix rewrites
+the model's class so that only its top-level `__call__` applies the adapters,
+and keeps the plain class as `_unquantized_type`. Calling that class's
+`__call__` on the same object runs the frozen weights alone, so no second copy
+of the weights is needed.
+"""
+
+import dataclasses
+import functools
+from typing import Any
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import optax
+
+SCALE_REWARDS_MODES = ('group', 'batch', 'none')
+KL_ESTIMATORS = ('k1', 'k3')
+LOSS_AGG_MODES = (
+    'token-mean',
+    'sequence-mean-token-mean',
+    'sequence-mean-token-sum-norm',
+)
+
+# Added to the reward standard deviation so constant groups do not divide by 0.
+_STD_EPS = 1e-4
+
+# Per-row batch arrays the update reads; other keys in a batch are ignored.
+_BATCH_KEYS = (
+    'tokens',
+    'input_mask',
+    'completion_mask',
+    'advantages',
+    'old_logps',
+    'ref_logps',
+)
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+  if value not in allowed:
+    raise ValueError(
+        f'Unknown {name} {value!r}; expected one of {", ".join(allowed)}.'
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StepHParams:
+  """Static hyperparameters of the GRPO update (hashable, for jit).
+
+  Attributes:
+    beta: KL coefficient; 0 means no KL term and no reference pass.
+    epsilon: lower PPO clip range (and upper, unless epsilon_high >= 0).
+    epsilon_high: upper clip range; negative means equal to epsilon.
+    kl_estimator: 'k1' or 'k3'.
+    loss_agg_mode: one of LOSS_AGG_MODES.
+    chunk_size: sequence chunk for log-probs (bounds the [B, chunk, vocab]
+      logits buffer).
+    micro_batch_size: rows per forward/backward pass; 0 means the whole batch.
+      Must divide the number of rows in a batch.
+  """
+
+  beta: float = 0.04
+  epsilon: float = 0.2
+  epsilon_high: float = -1.0
+  kl_estimator: str = 'k3'
+  loss_agg_mode: str = 'token-mean'
+  chunk_size: int = 64
+  micro_batch_size: int = 0
+
+  def __post_init__(self):
+    _check_choice('kl_estimator', self.kl_estimator, KL_ESTIMATORS)
+    _check_choice('loss_agg_mode', self.loss_agg_mode, LOSS_AGG_MODES)
+    if self.beta < 0:
+      raise ValueError(f'beta must be >= 0, got {self.beta}.')
+    if self.epsilon < 0:
+      raise ValueError(f'epsilon must be >= 0, got {self.epsilon}.')
+    if self.chunk_size < 1:
+      raise ValueError(f'chunk_size must be >= 1, got {self.chunk_size}.')
+    if self.micro_batch_size < 0:
+      raise ValueError(
+          f'micro_batch_size must be >= 0 (0 = whole batch), got '
+          f'{self.micro_batch_size}.'
+      )
+
+  @property
+  def upper_epsilon(self) -> float:
+    return self.epsilon if self.epsilon_high < 0 else self.epsilon_high
+
+
+def hparams_from_config(config: Any) -> StepHParams:
+  """Builds StepHParams from a full agent_tunix config.
+
+  `training.micro_batch_size` counts prompts; each prompt gives
+  `grpo.num_generations` rows, so the row count is their product.
+
+  Args:
+    config: the ml_collections config (see configs/base.py).
+
+  Returns:
+    The static hyperparameters of the update.
+  """
+  return StepHParams(
+      beta=float(config.grpo.beta),
+      epsilon=float(config.grpo.epsilon),
+      epsilon_high=float(config.grpo.epsilon_high),
+      kl_estimator=config.grpo.kl_estimator,
+      loss_agg_mode=config.grpo.loss_agg_mode,
+      chunk_size=int(config.grpo.logps_chunk_size),
+      micro_batch_size=int(
+          config.training.micro_batch_size * config.grpo.num_generations
+      ),
+  )
+
+
+# ------------------------------------------------------------- advantages
+
+
+def group_advantages(
+    rewards: jax.Array, num_generations: int, scale_rewards: str = 'group'
+) -> jax.Array:
+  """Group-relative advantages.
+
+  Rows g*G .. g*G+G-1 are the G completions of one prompt. Each reward is
+  centred on its group's mean, then divided by (std + 1e-4) of its group
+  ('group'), of the whole batch ('batch'), or not scaled ('none'). The std is
+  the unbiased one (ddof=1), as in TRL and tunix.
+
+  Args:
+    rewards: [N] rewards, N = num_prompts * num_generations.
+    num_generations: G, completions per prompt.
+    scale_rewards: 'group', 'batch' or 'none'.
+
+  Returns:
+    [N] float32 advantages.
+  """
+  _check_choice('scale_rewards', scale_rewards, SCALE_REWARDS_MODES)
+  rewards = jnp.asarray(rewards, jnp.float32)
+  if rewards.ndim != 1 or rewards.shape[0] % num_generations:
+    raise ValueError(
+        f'rewards must be a vector whose length is a multiple of '
+        f'num_generations={num_generations}; got shape {rewards.shape}.'
+    )
+  if num_generations < 2:
+    raise ValueError(
+        f'num_generations must be >= 2 for group advantages, got '
+        f'{num_generations}.'
+    )
+  grouped = rewards.reshape(-1, num_generations)
+  centred = grouped - grouped.mean(axis=1, keepdims=True)
+  if scale_rewards == 'group':
+    centred = centred / (grouped.std(axis=1, ddof=1, keepdims=True) + _STD_EPS)
+  elif scale_rewards == 'batch':
+    centred = centred / (rewards.std(ddof=1) + _STD_EPS)
+  return centred.reshape(-1)
+
+
+# --------------------------------------------------------------- log-probs
+
+
+def chunked_token_logps(
+    hidden: jax.Array,
+    embedding: jax.Array,
+    targets: jax.Array,
+    chunk_size: int,
+    compute_entropy: bool = False,
+) -> tuple[jax.Array, jax.Array | None]:
+  """Log-probabilities of `targets` under logits = hidden @ embedding.T.
+
+  The sequence is processed `chunk_size` positions at a time with
+  `lax.map`, and each chunk is rematerialised in the backward pass, so at
+  most one [B, chunk_size, V] logits block exists at a time, forward or
+  backward. Logits are accumulated and normalised in float32.
+
+  Args:
+    hidden: [B, T, D] final hidden states.
+    embedding: [V, D] output embedding (tied input embedding for Gemma).
+    targets: [B, T] int token ids.
+    chunk_size: positions per chunk; T need not be a multiple of it.
+    compute_entropy: also return the per-token entropy of the distribution.
+
+  Returns:
+    (logps [B, T] float32, entropy [B, T] float32 or None).
+  """
+  batch, length, dim = hidden.shape
+  chunk = max(1, min(chunk_size, length))
+  num_chunks = -(-length // chunk)
+  pad = num_chunks * chunk - length
+  if pad:
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+  hidden = hidden.reshape(batch, num_chunks, chunk, dim).swapaxes(0, 1)
+  targets = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
+
+  @jax.checkpoint
+  def one_chunk(args):
+    h, t = args
+    logits = jnp.einsum(
+        'bcd,vd->bcv', h, embedding, preferred_element_type=jnp.float32
+    )
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
+    logps = picked - lse
+    if compute_entropy:
+      probs = jnp.exp(logits - lse[..., None])
+      entropy = lse - jnp.sum(probs * logits, axis=-1)
+    else:
+      entropy = jnp.zeros_like(logps)
+    return logps, entropy
+
+  logps, entropy = jax.lax.map(one_chunk, (hidden, targets))
+
+  def unchunk(x):
+    return x.swapaxes(0, 1).reshape(batch, num_chunks * chunk)[:, :length]
+
+  return unchunk(logps), (unchunk(entropy) if compute_entropy else None)
+
+
+def positions_from_mask(input_mask: jax.Array) -> jax.Array:
+  """[B, L] positions counting real tokens from 0; pads before them get 0."""
+  return jnp.maximum(jnp.cumsum(input_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def causal_attention_mask(input_mask: jax.Array) -> jax.Array:
+  """[B, L, L] mask: query i may attend to real key j <= i."""
+  length = input_mask.shape[-1]
+  causal = jnp.tril(jnp.ones((length, length), jnp.bool_))
+  return causal[None] & input_mask.astype(jnp.bool_)[:, None, :]
+
+
+def final_hidden_states(
+    model: nnx.Module,
+    tokens: jax.Array,
+    input_mask: jax.Array,
+    use_lora: bool = True,
+) -> jax.Array:
+  """Runs the model and returns its final-normed hidden states [B, L, D].
+
+  The full-vocabulary logits the model returns are discarded (XLA removes
+  that matmul under jit). With use_lora=False the plain (pre-qwix) class's
+  `__call__` runs on the same object, which skips the LoRA adapters; for a
+  model without LoRA both settings are the same.
+
+  Args:
+    model: a tunix Gemma3 (optionally with qwix LoRA applied).
+    tokens: [B, L] int token ids.
+    input_mask: [B, L] True on real tokens.
+    use_lora: apply the LoRA adapters.
+
+  Returns:
+    [B, L, D] hidden states in the model's compute dtype.
+  """
+  model_cls = type(model)
+  if not use_lora:
+    model_cls = getattr(model_cls, '_unquantized_type', model_cls)
+
+  def forward(module):
+    model_cls.__call__(
+        module,
+        tokens,
+        positions_from_mask(input_mask),
+        None,
+        causal_attention_mask(input_mask),
+        output_hidden_states=True,
+    )
+
+  _, sown = nnx.capture(forward, nnx.Intermediate)(model)
+  return sown['all_hidden_states'].get_value()[-1]
+
+
+def per_token_logps(
+    model: nnx.Module,
+    tokens: jax.Array,
+    input_mask: jax.Array,
+    completion_len: int,
+    chunk_size: int,
+    use_lora: bool = True,
+    compute_entropy: bool = False,
+) -> tuple[jax.Array, jax.Array | None]:
+  """Log-probs of the last `completion_len` tokens given what precedes them.
+
+  Args:
+    model: a tunix Gemma3 (optionally with qwix LoRA applied).
+    tokens: [B, P + C] left-padded prompt followed by the completion.
+    input_mask: [B, P + C] True on real tokens.
+    completion_len: C.
+    chunk_size: sequence chunk for the vocabulary projection.
+    use_lora: apply the LoRA adapters (False = reference policy).
+    compute_entropy: also return per-token entropies.
+
+  Returns:
+    (logps [B, C] float32, entropy [B, C] float32 or None).
+  """
+  length = tokens.shape[1]
+  if not 0 < completion_len < length:
+    raise ValueError(
+        f'completion_len={completion_len} must be in (0, {length}): the '
+        'sequence needs at least one prompt token.'
+    )
+  hidden = final_hidden_states(model, tokens, input_mask, use_lora=use_lora)
+  # Position t predicts token t + 1.
+  hidden = hidden[:, length - completion_len - 1 : length - 1]
+  targets = tokens[:, length - completion_len :]
+  embedding = model.embedder.input_embedding[...]
+  return chunked_token_logps(
+      hidden, embedding, targets, chunk_size, compute_entropy=compute_entropy
+  )
+
+
+# ------------------------------------------------------------------- loss
+
+
+def kl_divergence(
+    logps: jax.Array, ref_logps: jax.Array, estimator: str = 'k3'
+) -> jax.Array:
+  """Per-token KL(policy || reference) estimate.
+
+  Args:
+    logps: policy log-probs of the sampled tokens.
+    ref_logps: reference log-probs of the same tokens.
+    estimator: 'k1' (logp - ref) or 'k3' (exp(ref - logp) - (ref - logp) - 1,
+      non-negative, low variance).
+
+  Returns:
+    Per-token estimates, same shape as logps.
+  """
+  _check_choice('kl_estimator', estimator, KL_ESTIMATORS)
+  if estimator == 'k1':
+    return logps - ref_logps
+  delta = ref_logps - logps
+  return jnp.exp(delta) - delta - 1.0
+
+
+def clipped_surrogate(
+    logps: jax.Array,
+    old_logps: jax.Array,
+    advantages: jax.Array,
+    epsilon: float,
+    epsilon_high: float,
+) -> tuple[jax.Array, jax.Array]:
+  """PPO clipped surrogate loss per token.
+
+  Args:
+    logps: [B, C] current log-probs.
+    old_logps: [B, C] log-probs of the policy that sampled the tokens.
+    advantages: [B] advantages, one per sequence.
+    epsilon: lower clip range (ratio >= 1 - epsilon).
+    epsilon_high: upper clip range (ratio <= 1 + epsilon_high).
+
+  Returns:
+    (loss [B, C], clipped [B, C] bool). `clipped` marks tokens whose clipped
+    term is the active one, i.e. the ratio left the trust region in the
+    direction the advantage pushes (so the token gets no gradient).
+  """
+  ratio = jnp.exp(logps - old_logps)
+  adv = advantages[:, None]
+  unclipped = ratio * adv
+  clipped = jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon_high) * adv
+  loss = -jnp.minimum(unclipped, clipped)
+  is_clipped = ((ratio < 1.0 - epsilon) & (adv < 0)) | (
+      (ratio > 1.0 + epsilon_high) & (adv > 0)
+  )
+  return loss, is_clipped
+
+
+def _agg_count(mask: jax.Array, mode: str) -> jax.Array:
+  """What `aggregate_loss` averages over: tokens, or non-empty sequences."""
+  if mode == 'token-mean':
+    return mask.sum()
+  return (mask.sum(axis=-1) > 0).sum().astype(mask.dtype)
+
+
+def aggregate_loss(
+    per_token_loss: jax.Array,
+    mask: jax.Array,
+    mode: str,
+    max_len: int | None = None,
+) -> jax.Array:
+  """Reduces a [B, C] per-token loss to a scalar.
+
+  Modes:
+    'token-mean': sum over all masked tokens / number of masked tokens.
+    'sequence-mean-token-mean': per-sequence token mean, then mean over
+      sequences.
+    'sequence-mean-token-sum-norm' (Dr. GRPO): per-sequence token sum /
+      max_len, then mean over sequences.
+  Sequences with no masked token are left out of the sequence means.
+
+  Args:
+    per_token_loss: [B, C].
+    mask: [B, C], 1 where a token counts.
+    mode: one of LOSS_AGG_MODES.
+    max_len: Dr. GRPO normaliser; None means C.
+
+  Returns:
+    Scalar float32 loss.
+  """
+  _check_choice('loss_agg_mode', mode, LOSS_AGG_MODES)
+  mask = mask.astype(jnp.float32)
+  masked = per_token_loss.astype(jnp.float32) * mask
+  count = jnp.maximum(_agg_count(mask, mode), 1.0)
+  if mode == 'token-mean':
+    return masked.sum() / count
+  if mode == 'sequence-mean-token-mean':
+    per_seq = masked.sum(axis=-1) / jnp.maximum(mask.sum(axis=-1), 1.0)
+  else:
+    norm = per_token_loss.shape[-1] if max_len is None else max_len
+    per_seq = masked.sum(axis=-1) / norm
+  return per_seq.sum() / count
+
+
+# -------------------------------------------------------------- optimizer
+
+
+def make_optimizer(
+    learning_rate: float,
+    warmup_ratio: float,
+    num_steps: int,
+    b1: float = 0.9,
+    b2: float = 0.99,
+    weight_decay: float = 0.1,
+    max_grad_norm: float = 0.0,
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """AdamW with linear warmup then cosine decay to 0, optional norm clipping.
+
+  Args:
+    learning_rate: peak learning rate.
+    warmup_ratio: fraction of num_steps spent warming up linearly from 0.
+    num_steps: total optimizer steps (the schedule reaches 0 there).
+    b1: AdamW beta1.
+    b2: AdamW beta2.
+    weight_decay: decoupled weight decay.
+    max_grad_norm: clip the global gradient norm to this; 0 = no clipping.
+
+  Returns:
+    (optax transformation, learning-rate schedule).
+  """
+  if num_steps < 1:
+    raise ValueError(f'num_steps must be >= 1, got {num_steps}.')
+  if not 0.0 <= warmup_ratio < 1.0:
+    raise ValueError(f'warmup_ratio must be in [0, 1), got {warmup_ratio}.')
+  if max_grad_norm < 0:
+    raise ValueError(
+        f'max_grad_norm must be >= 0 (0 = off), got {max_grad_norm}.'
+    )
+  warmup_steps = int(warmup_ratio * num_steps)
+  schedule = optax.warmup_cosine_decay_schedule(
+      init_value=0.0,
+      peak_value=learning_rate,
+      warmup_steps=warmup_steps,
+      decay_steps=num_steps,
+      end_value=0.0,
+  )
+  adamw = optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay)
+  if max_grad_norm > 0:
+    clip = optax.clip_by_global_norm(max_grad_norm)
+    return optax.chain(clip, adamw), schedule
+  return adamw, schedule
+
+
+# ------------------------------------------------------------------ update
+
+
+def _micro_batches(batch: dict[str, jax.Array], size: int):
+  """Splits every [N, ...] array into [N // size, size, ...] micro-batches.
+
+  Micro-batch k takes rows k, k + K, k + 2K, ... (K micro-batches), so when
+  the batch is sharded over devices in contiguous blocks of rows, every
+  micro-batch has rows on every device. `_merge_micro_batches` inverts it.
+
+  Args:
+    batch: dict of arrays with N rows; keys outside _BATCH_KEYS are dropped.
+    size: rows per micro-batch; 0 means N (a single micro-batch).
+
+  Returns:
+    The dict of reshaped arrays.
+  """
+  rows = batch['tokens'].shape[0]
+  size = size or rows
+  if rows % size:
+    raise ValueError(
+        f'micro_batch_size={size} rows does not divide the batch of {rows} '
+        'rows; set training.micro_batch_size (in prompts) to a divisor of '
+        'training.batch_size.'
+    )
+  return {
+      key: value.reshape(size, rows // size, *value.shape[1:]).swapaxes(0, 1)
+      for key, value in batch.items()
+      if key in _BATCH_KEYS
+  }
+
+
+def _merge_micro_batches(value: jax.Array) -> jax.Array:
+  """[K, size, ...] per-micro-batch results back to [N, ...] row order."""
+  return value.swapaxes(0, 1).reshape(-1, *value.shape[2:])
+
+
+def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams):
+  """Full-batch loss gradient w.r.t. LoRA params, accumulated over micros."""
+  if hp.beta > 0 and 'ref_logps' not in batch:
+    raise ValueError(
+        f'beta={hp.beta} needs batch["ref_logps"]; compute them with '
+        'grpo.reference_logps or set beta=0.'
+    )
+  graphdef, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
+  mask = batch['completion_mask'].astype(jnp.float32)
+  completion_len = mask.shape[1]
+  total = jnp.maximum(_agg_count(mask, hp.loss_agg_mode), 1.0)
+  total_tokens = jnp.maximum(mask.sum(), 1.0)
+
+  def loss_fn(lora_state, micro):
+    module = nnx.merge(graphdef, lora_state, rest)
+    logps, entropy = per_token_logps(
+        module,
+        micro['tokens'],
+        micro['input_mask'],
+        completion_len,
+        hp.chunk_size,
+        use_lora=True,
+        compute_entropy=True,
+    )
+    micro_mask = micro['completion_mask'].astype(jnp.float32)
+    old_logps = micro.get('old_logps')
+    if old_logps is None:
+      old_logps = jax.lax.stop_gradient(logps)
+    per_token, is_clipped = clipped_surrogate(
+        logps,
+        old_logps,
+        micro['advantages'],
+        hp.epsilon,
+        hp.upper_epsilon,
+    )
+    sums = {
+        'clip_ratio': (is_clipped * micro_mask).sum(),
+        'entropy': (jax.lax.stop_gradient(entropy) * micro_mask).sum(),
+    }
+    if hp.beta > 0:
+      kl = kl_divergence(logps, micro['ref_logps'], hp.kl_estimator)
+      per_token = per_token + hp.beta * kl
+      sums['kl'] = (jax.lax.stop_gradient(kl) * micro_mask).sum()
+    # Weight each micro-batch by its share of the full-batch normaliser so
+    # that the sum over micro-batches is the full-batch loss for every mode.
+    weight = _agg_count(micro_mask, hp.loss_agg_mode) / total
+    loss = aggregate_loss(per_token, micro_mask, hp.loss_agg_mode) * weight
+    return loss, sums
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def accumulate(carry, micro):
+    (loss, sums), grads = grad_fn(lora, micro)
+    return jax.tree.map(jnp.add, carry, (loss, sums, grads)), None
+
+  micros = _micro_batches(batch, hp.micro_batch_size)
+  zero_sums = {'clip_ratio': 0.0, 'entropy': 0.0}
+  if hp.beta > 0:
+    zero_sums['kl'] = 0.0
+  init = (
+      jnp.zeros((), jnp.float32),
+      jax.tree.map(lambda x: jnp.zeros((), jnp.float32), zero_sums),
+      jax.tree.map(jnp.zeros_like, lora),
+  )
+  (loss, sums, grads), _ = jax.lax.scan(accumulate, init, micros)
+  metrics = {key: value / total_tokens for key, value in sums.items()}
+  metrics['loss'] = loss
+  metrics['grad_norm'] = optax.tree.norm(grads)
+  return grads, metrics
+
+
+@functools.partial(nnx.jit, static_argnames=('hp',))
+def compute_grads(model: nnx.Module, batch: dict[str, jax.Array],
+                  hp: StepHParams):
+  """Returns (LoRA grads State, metrics) of the full-batch loss; no update."""
+  return _grads_and_metrics(model, batch, hp)
+
+
+@functools.partial(nnx.jit, static_argnames=('hp',))
+def train_step(
+    model: nnx.Module,
+    optimizer: nnx.Optimizer,
+    batch: dict[str, jax.Array],
+    hp: StepHParams,
+) -> dict[str, jax.Array]:
+  """One GRPO update of the LoRA parameters (in place on model/optimizer).
+
+  Gradients are summed over micro-batches of hp.micro_batch_size rows, with
+  weights that make the result equal to the gradient of the full-batch loss
+  for every loss_agg_mode; the optimizer then steps once.
+
+  Args:
+    model: the LoRA model (its nnx.LoRAParam leaves are trained).
+    optimizer: nnx.Optimizer(model, tx, wrt=nnx.LoRAParam).
+    batch: dict of arrays, see the module docstring.
+    hp: static hyperparameters.
+
+  Returns:
+    Scalar metrics: loss, clip_ratio (fraction of completion tokens clipped),
+    entropy (mean per completion token), grad_norm (before clipping) and,
+    when beta > 0, kl (mean per completion token).
+  """
+  grads, metrics = _grads_and_metrics(model, batch, hp)
+  optimizer.update(model, grads)
+  return metrics
+
+
+def _batched_logps(model, batch, hp: StepHParams, use_lora: bool):
+  graphdef, state = nnx.split(model)
+  completion_len = batch['completion_mask'].shape[1]
+  micros = _micro_batches(
+      {'tokens': batch['tokens'], 'input_mask': batch['input_mask']},
+      hp.micro_batch_size,
+  )
+
+  def one(micro):
+    module = nnx.merge(graphdef, state)
+    logps, _ = per_token_logps(
+        module,
+        micro['tokens'],
+        micro['input_mask'],
+        completion_len,
+        hp.chunk_size,
+        use_lora=use_lora,
+    )
+    return logps
+
+  return _merge_micro_batches(jax.lax.map(one, micros))
+
+
+@functools.partial(nnx.jit, static_argnames=('hp',))
+def reference_logps(model: nnx.Module, batch: dict[str, jax.Array],
+                    hp: StepHParams) -> jax.Array:
+  """[N, C] completion log-probs under the base model (LoRA off)."""
+  return _batched_logps(model, batch, hp, use_lora=False)
+
+
+@functools.partial(nnx.jit, static_argnames=('hp',))
+def policy_logps(model: nnx.Module, batch: dict[str, jax.Array],
+                 hp: StepHParams) -> jax.Array:
+  """[N, C] completion log-probs under the current policy (LoRA on)."""
+  return jax.lax.stop_gradient(_batched_logps(model, batch, hp, use_lora=True))

@@ -1,0 +1,526 @@
+"""Tests for agent_tunix.grpo: GRPO math against NumPy, and the update."""
+
+import os
+
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+# pylint: disable=g-import-not-at-top
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import qwix
+from tunix.models.gemma3 import model as model_lib
+
+from agent_tunix import grpo
+# pylint: enable=g-import-not-at-top
+
+_LORA_PATHS = (
+    '.*q_einsum|.*kv_einsum|.*qkv_einsum|.*attn_vec_einsum|'
+    '.*gate_proj|.*down_proj|.*up_proj'
+)
+_VOCAB = 128
+
+
+def _tiny_config():
+  return model_lib.ModelConfig(
+      num_layers=2,
+      num_embed=_VOCAB,
+      embed_dim=32,
+      hidden_dim=64,
+      num_heads=2,
+      head_dim=16,
+      num_kv_heads=1,
+      sliding_window_size=8,
+      param_dtype=jnp.float32,
+  )
+
+
+def _random_state(abstract_state, seed, lora_b_scale):
+  """Fills an abstract model state with seeded NumPy values (no compiles)."""
+  rng = np.random.default_rng(seed)
+
+  def fill(path, leaf):
+    name = jax.tree_util.keystr(path)
+    if 'scale' in name:  # RMSNorm: (1 + scale), keep it at 1.
+      return jnp.zeros(leaf.shape, leaf.dtype)
+    std = lora_b_scale if 'lora_b' in name else 0.3
+    return jnp.asarray(rng.normal(0.0, std, leaf.shape).astype(leaf.dtype))
+
+  return jax.tree_util.tree_map_with_path(fill, abstract_state)
+
+
+def _build_lora_model():
+  base = model_lib.Gemma3(_tiny_config(), rngs=nnx.Rngs(0))
+  provider = qwix.LoraProvider(module_path=_LORA_PATHS, rank=4, alpha=8.0)
+  return qwix.apply_lora_to_model(
+      base, provider, **base.get_model_input(), rngs=nnx.Rngs(0)
+  )
+
+
+@pytest.fixture(scope='module')
+def abstract_lora_model():
+  # eval_shape builds the graph without running any XLA computation, which
+  # keeps the test fast; weights are filled in by _random_state.
+  return nnx.split(nnx.eval_shape(_build_lora_model))
+
+
+def _lora_model(abstract, seed=0, lora_b_scale=0.3):
+  graphdef, state = abstract
+  return nnx.merge(graphdef, _random_state(state, seed, lora_b_scale))
+
+
+def _tokens_and_masks(num_rows, prompt_len, completion_len, seed=0):
+  """Left-padded prompts and right-padded completions of varied lengths."""
+  rng = np.random.default_rng(seed)
+  length = prompt_len + completion_len
+  tokens = rng.integers(1, _VOCAB, size=(num_rows, length)).astype(np.int32)
+  input_mask = np.ones((num_rows, length), bool)
+  completion_mask = np.ones((num_rows, completion_len), np.float32)
+  for row in range(num_rows):
+    pad = row % prompt_len  # prompt keeps >= 1 real token
+    input_mask[row, :pad] = False
+    tokens[row, :pad] = 0
+    kept = completion_len - (row * 2) % completion_len
+    completion_mask[row, kept:] = 0.0
+    input_mask[row, prompt_len + kept :] = False
+    tokens[row, prompt_len + kept :] = 0
+  return tokens, input_mask, completion_mask
+
+
+def _batch(num_rows=4, prompt_len=3, completion_len=5, seed=0):
+  tokens, input_mask, completion_mask = _tokens_and_masks(
+      num_rows, prompt_len, completion_len, seed
+  )
+  rng = np.random.default_rng(seed + 1)
+  shape = (num_rows, completion_len)
+  return {
+      'tokens': jnp.asarray(tokens),
+      'input_mask': jnp.asarray(input_mask),
+      'completion_mask': jnp.asarray(completion_mask),
+      'advantages': jnp.asarray(rng.normal(size=num_rows), jnp.float32),
+      'old_logps': jnp.asarray(
+          -3.0 + 0.3 * rng.normal(size=shape), jnp.float32
+      ),
+      'ref_logps': jnp.asarray(
+          -3.0 + 0.3 * rng.normal(size=shape), jnp.float32
+      ),
+  }
+
+
+# ------------------------------------------------------------- advantages
+
+
+@pytest.mark.parametrize('mode', ['group', 'batch', 'none'])
+def test_group_advantages_matches_numpy(mode):
+  rewards = np.array([1.0, 0.0, 2.0, 3.0, 5.0, 5.0, 4.0, 1.0], np.float32)
+  grouped = rewards.reshape(2, 4)
+  want = grouped - grouped.mean(axis=1, keepdims=True)
+  if mode == 'group':
+    want = want / (grouped.std(axis=1, ddof=1, keepdims=True) + 1e-4)
+  elif mode == 'batch':
+    want = want / (rewards.std(ddof=1) + 1e-4)
+  # Jitted, with the static arguments marked, as the train loop may use it.
+  advantages = jax.jit(grpo.group_advantages, static_argnums=(1, 2))
+  got = advantages(jnp.asarray(rewards), 4, mode)
+  np.testing.assert_allclose(got, want.reshape(-1), rtol=1e-5, atol=1e-6)
+
+
+def test_group_advantages_constant_group_is_zero():
+  got = grpo.group_advantages(jnp.array([2.0, 2.0, 0.0, 1.0]), 2, 'group')
+  np.testing.assert_allclose(got[:2], [0.0, 0.0])
+  assert float(got[3]) > 0.0
+
+
+def test_group_advantages_rejects_bad_input():
+  with pytest.raises(ValueError, match=r"'median'.*group, batch, none"):
+    grpo.group_advantages(jnp.ones(4), 2, 'median')
+  with pytest.raises(ValueError, match='num_generations=3'):
+    grpo.group_advantages(jnp.ones(4), 3, 'group')
+
+
+# --------------------------------------------------------------- log-probs
+
+
+def _numpy_logps_and_entropy(hidden, embedding, targets):
+  logits = np.einsum('btd,vd->btv', hidden, embedding).astype(np.float64)
+  logits -= logits.max(axis=-1, keepdims=True)
+  logp_all = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+  picked = np.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]
+  entropy = -(np.exp(logp_all) * logp_all).sum(axis=-1)
+  return picked, entropy
+
+
+@pytest.mark.parametrize('chunk_size', [3, 7, 10])
+def test_chunked_token_logps_matches_full_softmax(chunk_size):
+  rng = np.random.default_rng(0)
+  hidden = rng.normal(size=(2, 7, 8)).astype(np.float32)
+  embedding = rng.normal(size=(11, 8)).astype(np.float32)
+  targets = rng.integers(0, 11, size=(2, 7)).astype(np.int32)
+  chunked = jax.jit(
+      grpo.chunked_token_logps, static_argnames=('chunk_size',
+                                                 'compute_entropy'))
+  logps, entropy = chunked(
+      jnp.asarray(hidden),
+      jnp.asarray(embedding),
+      jnp.asarray(targets),
+      chunk_size=chunk_size,
+      compute_entropy=True,
+  )
+  want_logps, want_entropy = _numpy_logps_and_entropy(
+      hidden, embedding, targets
+  )
+  assert logps.dtype == jnp.float32 and logps.shape == (2, 7)
+  np.testing.assert_allclose(logps, want_logps, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(entropy, want_entropy, rtol=1e-5, atol=1e-5)
+
+
+def test_chunked_token_logps_gradient_matches_full_softmax():
+  rng = np.random.default_rng(1)
+  hidden = jnp.asarray(rng.normal(size=(2, 5, 4)), jnp.float32)
+  embedding = jnp.asarray(rng.normal(size=(9, 4)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, 9, size=(2, 5)), jnp.int32)
+  weights = jnp.asarray(rng.normal(size=(2, 5)), jnp.float32)
+
+  def chunked(h):
+    logps, _ = grpo.chunked_token_logps(h, embedding, targets, 2)
+    return (logps * weights).sum()
+
+  def full(h):
+    logp = jax.nn.log_softmax(h @ embedding.T, axis=-1)
+    return (jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
+            * weights).sum()
+
+  np.testing.assert_allclose(
+      jax.jit(jax.grad(chunked))(hidden),
+      jax.jit(jax.grad(full))(hidden),
+      rtol=1e-5,
+      atol=1e-5,
+  )
+  assert grpo.chunked_token_logps(hidden, embedding, targets, 2)[1] is None
+
+
+# ------------------------------------------------------------------- loss
+
+
+def test_kl_divergence_estimators():
+  logps = np.array([[-1.0, -2.0, -0.5]], np.float32)
+  ref = np.array([[-1.5, -2.0, -0.1]], np.float32)
+  np.testing.assert_allclose(
+      grpo.kl_divergence(logps, ref, 'k1'), logps - ref, rtol=1e-6
+  )
+  delta = ref - logps
+  np.testing.assert_allclose(
+      grpo.kl_divergence(logps, ref, 'k3'),
+      np.exp(delta) - delta - 1.0,
+      rtol=1e-5,
+      atol=1e-7,
+  )
+  with pytest.raises(ValueError, match="'k2'"):
+    grpo.kl_divergence(logps, ref, 'k2')
+
+
+@pytest.mark.parametrize('epsilon_high', [0.2, 0.5])
+def test_clipped_surrogate_matches_numpy(epsilon_high):
+  epsilon = 0.2
+  rng = np.random.default_rng(0)
+  logps = rng.normal(-2.0, 0.5, size=(4, 6)).astype(np.float32)
+  old = rng.normal(-2.0, 0.5, size=(4, 6)).astype(np.float32)
+  adv = np.array([1.0, -1.0, 0.5, -2.0], np.float32)
+  ratio = np.exp(logps - old)
+  a = adv[:, None]
+  want = -np.minimum(
+      ratio * a, np.clip(ratio, 1 - epsilon, 1 + epsilon_high) * a
+  )
+  want_clipped = ((ratio < 1 - epsilon) & (a < 0)) | (
+      (ratio > 1 + epsilon_high) & (a > 0)
+  )
+  loss, clipped = grpo.clipped_surrogate(
+      jnp.asarray(logps), jnp.asarray(old), jnp.asarray(adv), epsilon,
+      epsilon_high,
+  )
+  np.testing.assert_allclose(loss, want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(clipped, want_clipped)
+  # The data must exercise both branches for the test to mean something.
+  assert 0 < want_clipped.sum() < want_clipped.size
+
+
+def test_clip_higher_widens_only_the_upper_bound():
+  logps = jnp.log(jnp.array([[1.4, 0.6]]))
+  old = jnp.zeros((1, 2))
+  for adv, expect_tight, expect_wide in ((1.0, [1, 0], [0, 0]),
+                                         (-1.0, [0, 1], [0, 1])):
+    advantages = jnp.array([adv])
+    _, tight = grpo.clipped_surrogate(logps, old, advantages, 0.2, 0.2)
+    _, wide = grpo.clipped_surrogate(logps, old, advantages, 0.2, 0.5)
+    np.testing.assert_array_equal(tight[0], np.array(expect_tight, bool))
+    np.testing.assert_array_equal(wide[0], np.array(expect_wide, bool))
+
+
+def _numpy_aggregate(loss, mask, mode):
+  rows = [r for r in range(loss.shape[0]) if mask[r].sum() > 0]
+  if mode == 'token-mean':
+    return (loss * mask).sum() / mask.sum()
+  if mode == 'sequence-mean-token-mean':
+    return np.mean([(loss[r] * mask[r]).sum() / mask[r].sum() for r in rows])
+  return np.mean([(loss[r] * mask[r]).sum() / loss.shape[1] for r in rows])
+
+
+@pytest.mark.parametrize('mode', grpo.LOSS_AGG_MODES)
+def test_aggregate_loss_matches_numpy(mode):
+  rng = np.random.default_rng(0)
+  loss = rng.normal(size=(4, 5)).astype(np.float32)
+  mask = np.array(
+      [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0]],
+      np.float32,
+  )
+  got = grpo.aggregate_loss(jnp.asarray(loss), jnp.asarray(mask), mode)
+  np.testing.assert_allclose(got, _numpy_aggregate(loss, mask, mode),
+                             rtol=1e-5)
+
+
+def test_aggregate_loss_dr_grpo_max_len_and_bad_mode():
+  loss = jnp.ones((2, 4))
+  mask = jnp.array([[1, 1, 0, 0], [1, 1, 1, 1]], jnp.float32)
+  got = grpo.aggregate_loss(loss, mask, 'sequence-mean-token-sum-norm', 8)
+  np.testing.assert_allclose(got, (2 / 8 + 4 / 8) / 2)
+  with pytest.raises(ValueError, match="'seq-mean'.*token-mean"):
+    grpo.aggregate_loss(loss, mask, 'seq-mean')
+
+
+# -------------------------------------------------------------- optimizer
+
+
+def test_make_optimizer_schedule_and_clipping():
+  _, schedule = grpo.make_optimizer(1e-3, warmup_ratio=0.1, num_steps=100)
+  lrs = jax.jit(jax.vmap(schedule))(jnp.array([0, 5, 10, 55, 100]))
+  np.testing.assert_allclose(lrs, [0.0, 5e-4, 1e-3, 5e-4, 0.0], rtol=1e-4,
+                             atol=1e-12)
+  _, no_warmup = grpo.make_optimizer(1e-3, 0.0, 10)
+  np.testing.assert_allclose(jax.jit(no_warmup)(0), 1e-3, rtol=1e-5)
+
+  def second_update(max_grad_norm):
+    tx, _ = grpo.make_optimizer(1e-3, 0.0, 10, max_grad_norm=max_grad_norm)
+
+    @jax.jit
+    def run():
+      params = {'w': jnp.ones(2)}
+      state = tx.init(params)
+      _, state = tx.update({'w': jnp.array([300.0, 400.0])}, state, params)
+      return tx.update({'w': jnp.array([-0.3, 0.4])}, state, params)[0]['w']
+
+    return np.asarray(run())
+
+  # Adam is scale-free per coordinate, but the history mixes a big and a small
+  # gradient; clipping the big one to norm 1 changes the second step.
+  unclipped, clipped = second_update(0.0), second_update(1.0)
+  assert np.all(np.isfinite(clipped))
+  assert np.abs(clipped - unclipped).max() > 1e-5
+  with pytest.raises(ValueError, match='warmup_ratio'):
+    grpo.make_optimizer(1e-3, 1.5, 10)
+
+
+def test_hparams_validation_and_defaults():
+  assert grpo.StepHParams(epsilon=0.2).upper_epsilon == 0.2
+  assert grpo.StepHParams(epsilon_high=0.28).upper_epsilon == 0.28
+  with pytest.raises(ValueError, match="'sum'"):
+    grpo.StepHParams(loss_agg_mode='sum')
+  with pytest.raises(ValueError, match="'k9'"):
+    grpo.StepHParams(kl_estimator='k9')
+
+
+def test_hparams_from_base_config():
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  path = os.path.join(os.path.dirname(__file__), '..', 'configs', 'base.py')
+  spec = importlib.util.spec_from_file_location('base_config', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  hp = grpo.hparams_from_config(config)
+  assert hp.micro_batch_size == (
+      config.training.micro_batch_size * config.grpo.num_generations
+  )
+  assert hp.loss_agg_mode == config.grpo.loss_agg_mode
+  assert hp.chunk_size == config.grpo.logps_chunk_size
+
+
+# ---------------------------------------------------------------- the model
+
+
+def test_per_token_logps_matches_model_logits(abstract_lora_model):
+  model = _lora_model(abstract_lora_model)
+  batch = _batch()
+  completion_len = batch['completion_mask'].shape[1]
+
+  @nnx.jit
+  def both(model, tokens, input_mask):
+    logps, entropy = grpo.per_token_logps(
+        model, tokens, input_mask, completion_len, 2, compute_entropy=True
+    )
+    logits, _ = model(
+        tokens,
+        grpo.positions_from_mask(input_mask),
+        None,
+        grpo.causal_attention_mask(input_mask),
+    )
+    return logps, entropy, logits
+
+  logps, entropy, logits = both(
+      model, batch['tokens'], batch['input_mask']
+  )
+  logits = np.asarray(logits, np.float64)[:, -completion_len - 1 : -1]
+  logits -= logits.max(-1, keepdims=True)
+  logp_all = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  targets = np.asarray(batch['tokens'])[:, -completion_len:]
+  want = np.take_along_axis(logp_all, targets[..., None], -1)[..., 0]
+  np.testing.assert_allclose(logps, want, rtol=1e-4, atol=1e-4)
+  want_entropy = -(np.exp(logp_all) * logp_all).sum(-1)
+  np.testing.assert_allclose(entropy, want_entropy, rtol=1e-4, atol=1e-4)
+  # Hidden states are captured, not left behind on the model.
+  assert not nnx.state(model, nnx.Intermediate)
+
+
+def test_reference_is_base_model_without_lora(abstract_lora_model):
+  batch = _batch()
+  hp = grpo.StepHParams(chunk_size=4, micro_batch_size=2)
+  with_zero_b = _lora_model(abstract_lora_model, lora_b_scale=0.0)
+  np.testing.assert_allclose(
+      grpo.reference_logps(with_zero_b, batch, hp),
+      grpo.policy_logps(with_zero_b, batch, hp),
+      rtol=1e-5,
+      atol=1e-5,
+  )
+  model = _lora_model(abstract_lora_model)
+  ref = grpo.reference_logps(model, batch, hp)
+  pol = grpo.policy_logps(model, batch, hp)
+  assert ref.shape == pol.shape == batch['completion_mask'].shape
+  assert np.abs(np.asarray(ref) - np.asarray(pol)).max() > 1e-2
+  # The reference only depends on the frozen weights: it is the same for
+  # two LoRA models that share them (zero B vs. random B).
+  np.testing.assert_allclose(
+      ref, grpo.reference_logps(with_zero_b, batch, hp), rtol=1e-5, atol=1e-5
+  )
+
+
+_LOSS_HP = dict(
+    beta=0.1, epsilon=0.2, epsilon_high=0.3, kl_estimator='k3', chunk_size=3
+)
+
+
+@pytest.fixture(scope='module')
+def full_batch_reference(abstract_lora_model):
+  """Model, batch, and per mode the full-batch (loss, kl) and LoRA grads.
+
+  Written directly from the GRPO formula with the (separately tested) pieces,
+  in one pass over the whole batch and with a single logits chunk; all three
+  modes share one compilation.
+  """
+  model = _lora_model(abstract_lora_model)
+  batch = _batch(num_rows=4)
+  graphdef, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
+  mask = batch['completion_mask']
+  completion_len = mask.shape[1]
+
+  def loss_fn(lora, mode):
+    logps, _ = grpo.per_token_logps(
+        nnx.merge(graphdef, lora, rest), batch['tokens'], batch['input_mask'],
+        completion_len, chunk_size=completion_len,
+    )
+    surrogate, _ = grpo.clipped_surrogate(
+        logps, batch['old_logps'], batch['advantages'], 0.2, 0.3
+    )
+    kl = grpo.kl_divergence(logps, batch['ref_logps'], 'k3')
+    loss = grpo.aggregate_loss(surrogate + 0.1 * kl, mask, mode)
+    return loss, (kl * mask).sum() / mask.sum()
+
+  @jax.jit
+  def all_modes(lora):
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    return {mode: grad_fn(lora, mode) for mode in grpo.LOSS_AGG_MODES}
+
+  return model, batch, all_modes(lora)
+
+
+@pytest.mark.parametrize('mode', grpo.LOSS_AGG_MODES)
+def test_micro_batched_grads_equal_full_batch(full_batch_reference, mode):
+  model, batch, reference = full_batch_reference
+  (want_loss, want_kl), want_grads = reference[mode]
+  # Two micro-batches (rows 0, 2 and rows 1, 3) with 6 and 7 tokens.
+  hp = grpo.StepHParams(loss_agg_mode=mode, micro_batch_size=2, **_LOSS_HP)
+  grads, metrics = grpo.compute_grads(model, batch, hp)
+  np.testing.assert_allclose(metrics['loss'], want_loss, rtol=1e-4)
+  np.testing.assert_allclose(metrics['kl'], want_kl, rtol=1e-4)
+  np.testing.assert_allclose(
+      metrics['grad_norm'], optax.tree.norm(want_grads), rtol=1e-4
+  )
+  assert float(metrics['grad_norm']) > 0
+  assert 0 < float(metrics['clip_ratio']) < 1
+  assert float(metrics['entropy']) > 0
+  want_leaves = jax.tree.leaves(want_grads)
+  got_leaves = jax.tree.leaves(grads)
+  # 2 layers x 6 adapted projections x (A, B).
+  assert len(got_leaves) == len(want_leaves) == 24
+  for want, got in zip(want_leaves, got_leaves):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_train_step_changes_only_lora_and_reduces_loss(abstract_lora_model):
+  model = _lora_model(abstract_lora_model)
+  tx, _ = grpo.make_optimizer(
+      3e-2, warmup_ratio=0.0, num_steps=100, weight_decay=0.0,
+      max_grad_norm=1.0,
+  )
+  optimizer = nnx.Optimizer(model, tx, wrt=nnx.LoRAParam)
+  batch = _batch(num_rows=4)
+  advantages = np.array([1.0, -1.0, 1.0, -1.0], np.float32)
+  batch['advantages'] = jnp.asarray(advantages)
+  # Several updates on one batch of rollouts (num_iterations > 1): the old
+  # log-probs are those of the policy before the first update. Same hp as in
+  # test_reference_is_base_model_without_lora, so it reuses that compile.
+  batch['old_logps'] = grpo.policy_logps(
+      model, batch, grpo.StepHParams(chunk_size=4, micro_batch_size=2)
+  )
+  hp = grpo.StepHParams(beta=0.0, chunk_size=4, micro_batch_size=2)
+
+  frozen_before = jax.tree.map(
+      np.array, nnx.state(model, nnx.Not(nnx.LoRAParam))
+  )
+  lora_before = jax.tree.map(np.array, nnx.state(model, nnx.LoRAParam))
+  losses = []
+  for step in range(4):
+    metrics = grpo.train_step(model, optimizer, batch, hp)
+    if step == 0:  # policy == old policy, in the same row order
+      assert float(metrics['clip_ratio']) == 0.0
+    assert 'kl' not in metrics  # beta == 0: no KL, no reference
+    assert all(np.isfinite(v) for v in jax.tree.leaves(metrics))
+    losses.append(float(metrics['loss']))
+
+  frozen_after = nnx.state(model, nnx.Not(nnx.LoRAParam))
+  for before, after in zip(jax.tree.leaves(frozen_before),
+                           jax.tree.leaves(frozen_after)):
+    np.testing.assert_array_equal(before, after)
+  lora_after = nnx.state(model, nnx.LoRAParam)
+  changed = [
+      not np.array_equal(b, a)
+      for b, a in zip(jax.tree.leaves(lora_before), jax.tree.leaves(lora_after))
+  ]
+  assert all(changed)
+  assert int(optimizer.step[...]) == 4
+  # First step: ratio 1, so the loss is the token-mean of -advantage.
+  mask = np.asarray(batch['completion_mask'])
+  on_policy = -(advantages[:, None] * mask).sum() / mask.sum()
+  np.testing.assert_allclose(losses[0], on_policy, rtol=1e-5)
+  assert losses[-1] < losses[0] - 1e-2, losses
+
+
+def test_train_step_rejects_bad_batch(abstract_lora_model):
+  model = _lora_model(abstract_lora_model)
+  batch = _batch(num_rows=4)
+  with pytest.raises(ValueError, match='micro_batch_size=3'):
+    grpo.compute_grads(model, batch, grpo.StepHParams(micro_batch_size=3))
+  del batch['ref_logps']
+  with pytest.raises(ValueError, match='ref_logps'):
+    grpo.compute_grads(model, batch, grpo.StepHParams(beta=0.1))
