@@ -1,0 +1,573 @@
+"""Checkpoints for resumable GRPO training, and SIGTERM handling.
+
+`Checkpointer` wraps an Orbax `CheckpointManager` rooted at
+`<workdir>/checkpoints` (a local path or gs://...). Each saved step holds four
+items:
+
+  'lora': the trainable LoRA parameters, as a pure nested dict of arrays
+    (`nnx.to_pure_dict(nnx.state(model, nnx.LoRAParam))`).
+  'opt': the optimizer's state, as a pure nested dict of arrays
+    (`nnx.to_pure_dict(nnx.state(optimizer, nnx.optimizer.OptState))`), which
+    includes the optimizer's own `step` counter and the optax state.
+  'data': this process's Grain iterator position (one small JSON file per
+    process, so a resume needs the same process count).
+  'meta': a small JSON dict: the step plus whatever the trainer passes (rng
+    seed, counters, ...), and a checksum of the 'lora' and 'opt' arrays.
+
+Saving. `save` honours checkpoint.save_interval_steps (steps that are
+multiples of it), a JAX preemption sync point (multi-host), and `force=True`
+(end of training, SIGTERM). With checkpoint.async_save the arrays are copied
+to host memory before `save` returns and written in a background thread;
+`wait()` blocks until that write is done. checkpoint.max_to_keep keeps the
+newest steps, older ones are deleted by Orbax after each save.
+
+Existing steps are never overwritten: saving a step that is already on disk
+is skipped with a warning and returns False (quietly when this Checkpointer
+saved that step itself, e.g. a forced save right after the periodic one).
+Orbax also skips non-forced saves of steps at or below the newest step on
+disk, so after a fallback from a damaged step N (see below) periodic saves
+resume after N (a forced save below N still works).
+
+Damaged checkpoints. `restore` tries the newest step first. If it fails
+(truncated or corrupted files, a missing item, a target that does not match,
+or arrays that do not match their checksum: Orbax can read flipped bytes back
+without an error), it logs a warning naming the step and the error and tries
+the next older step, and so on; nothing is deleted or rewritten, the damaged
+step stays on disk (until max_to_keep rotates it out like any other step).
+If no step can be restored it raises `RestoreError` listing every failure;
+only an empty checkpoint directory gives None. On several processes, a step
+counts as restored only if it restored on every process, so all processes
+agree on it. A transient read error (e.g. a GCS hiccup) also counts as a
+failure, so the run may resume from an older step than necessary; the log
+says so.
+
+Preemption. `PreemptionGuard` turns SIGTERM into a flag that the train loop
+polls once per step, on every process:
+
+  guard = checkpoint.PreemptionGuard().install()
+  for step in ...:
+    ...
+    stop = guard.should_stop(step)
+    ckpt.save(step, ..., force=stop)
+    if stop:
+      break
+  ckpt.close()
+  guard.uninstall()
+
+Nothing is saved inside the signal handler. When JAX's distributed runtime is
+initialised with its preemption service (the default on multi-host TPU), JAX
+already owns SIGTERM and picks a step at which all processes stop together
+(`multihost_utils.reached_preemption_sync_point`), so the guard leaves the
+signal alone and asks JAX. Otherwise it installs a Python handler, and on
+several processes the per-process flags are OR-ed with an all-gather each
+step, so every process stops at the same step.
+"""
+
+import os
+import signal
+import threading
+from typing import Any, NamedTuple
+
+from absl import logging
+from etils import epath
+from flax import nnx
+import grain
+import jax
+import jax.numpy as jnp
+from jax.experimental import multihost_utils
+import numpy as np
+import orbax.checkpoint as ocp
+
+CHECKPOINT_SUBDIR = 'checkpoints'
+# Meta key holding the checksums of the 'lora' and 'opt' arrays.
+CHECKSUMS_KEY = 'checksums'
+
+
+class RestoreError(RuntimeError):
+  """No checkpoint step could be restored."""
+
+
+class Restored(NamedTuple):
+  """What `Checkpointer.restore` returns."""
+
+  lora_state: Any
+  opt_state: Any
+  meta: dict[str, Any]
+  step: int
+
+
+def lora_state(model):
+  """Returns the model's trainable LoRA parameters as an nnx.State."""
+  return nnx.state(model, nnx.LoRAParam)
+
+
+def optimizer_state(optimizer):
+  """Returns an nnx.Optimizer's state (step counter + optax state)."""
+  return nnx.state(optimizer, nnx.optimizer.OptState)
+
+
+def _to_pure(tree):
+  """nnx.State -> nested dict of arrays; other pytrees are returned as is."""
+  if isinstance(tree, nnx.State):
+    return nnx.to_pure_dict(tree)
+  return tree
+
+
+def _abstract(tree):
+  """Restore target for a pytree: arrays keep their shape, dtype, sharding."""
+
+  def leaf(x):
+    if isinstance(x, jax.Array):
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+    return x
+
+  return jax.tree.map(leaf, tree)
+
+
+def _like_target(target, restored):
+  """Puts restored arrays into the target's container type."""
+  if isinstance(target, nnx.State):
+    out = jax.tree.map(lambda x: x, target)  # New State, same Variables types.
+    nnx.replace_by_pure_dict(out, restored)
+    return out
+  return restored
+
+
+def _check_shapes(name, abstract, restored):
+  """Raises ValueError if restored leaves differ from the target's shapes."""
+  expected = jax.tree_util.tree_flatten_with_path(abstract)[0]
+  got = jax.tree.leaves(restored)
+  if len(expected) != len(got):
+    raise ValueError(
+        f'{name!r} has {len(got)} arrays in the checkpoint but the target '
+        f'has {len(expected)}.'
+    )
+  for (path, want), have in zip(expected, got):
+    want_shape = tuple(np.shape(want))
+    if tuple(np.shape(have)) != want_shape:
+      raise ValueError(
+          f'{name!r} {jax.tree_util.keystr(path)} has shape '
+          f'{tuple(np.shape(have))} in the checkpoint but {want_shape} in '
+          'the model; was it saved with a different model or LoRA config?'
+      )
+
+
+def _words(x):
+  """An array's bits as uint32 words (8/16-bit values are widened)."""
+  x = jnp.asarray(x)
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  bits = x.dtype.itemsize * 8
+  if bits == 32 or bits == 64:  # 64-bit values give two words each.
+    return jax.lax.bitcast_convert_type(x, jnp.uint32)
+  unsigned = {8: jnp.uint8, 16: jnp.uint16}[bits]
+  return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+
+
+def _linear_index(shape):
+  """uint32 array of each element's row-major position."""
+  index = jnp.zeros(shape, jnp.uint32)
+  stride = 1
+  for axis in reversed(range(len(shape))):
+    index += jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * stride
+    stride *= shape[axis]
+  return index
+
+
+@jax.jit
+def _leaf_checksums(leaves):
+  """Per leaf: (sum of words, sum of words * odd position weights) mod 2**32.
+
+  The weighted sum makes moved or swapped elements count, not only changed
+  ones; odd weights keep any single changed word visible.
+  """
+  sums = []
+  for leaf in leaves:
+    w = _words(leaf)
+    weights = 2 * _linear_index(w.shape) + 1
+    sums.append(jnp.stack([jnp.sum(w, dtype=jnp.uint32),
+                           jnp.sum(w * weights, dtype=jnp.uint32)]))
+  return jnp.stack(sums) if sums else jnp.zeros((0, 2), jnp.uint32)
+
+
+def checksum(tree):
+  """A 32-bit checksum of every array in a pytree (order-sensitive).
+
+  Computed on device (works for arrays sharded over several processes), so
+  it costs one small reduction, not a copy to the host. It detects flipped or
+  zeroed bytes in checkpoint data, which Orbax itself may read back silently.
+  """
+  leaves = jax.tree.leaves(_to_pure(tree))
+  per_leaf = np.asarray(jax.device_get(_leaf_checksums(leaves)), np.uint64)
+  total = 0
+  for i, (s, q) in enumerate(per_leaf.tolist()):
+    total = (total * 1000003 + (2 * i + 1) * s + q) % 2**32
+  return int(total)
+
+
+def _to_json(meta):
+  """Converts NumPy / JAX values in a meta dict to Python numbers and lists."""
+
+  def convert(x):
+    if isinstance(x, (np.generic, np.ndarray, jax.Array)):
+      return np.asarray(x).tolist()
+    return x
+
+  return jax.tree.map(convert, dict(meta))
+
+
+def _all_processes(flag):
+  """True iff `flag` is True on every process (a no-op on one process)."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  flags = multihost_utils.process_allgather(np.asarray(bool(flag)))
+  return bool(np.all(flags))
+
+
+def _any_process(flag):
+  """True iff `flag` is True on some process (a no-op on one process)."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  flags = multihost_utils.process_allgather(np.asarray(bool(flag)))
+  return bool(np.any(flags))
+
+
+def _save_policy(interval):
+  policies = [ocp.checkpoint_managers.PreemptionCheckpointingPolicy()]
+  if interval > 0:
+    policies.append(ocp.checkpoint_managers.FixedIntervalPolicy(interval))
+  return ocp.checkpoint_managers.AnySavePolicy(policies)
+
+
+class Checkpointer:
+  """Saves and restores LoRA params, optimizer, data position and metadata.
+
+  Every process must call every method (Orbax synchronises them); only the
+  primary process writes shared files.
+  """
+
+  def __init__(self, workdir, config):
+    """Opens (creating if needed) `<workdir>/checkpoints`.
+
+    Args:
+      workdir: The run directory, local or gs://.
+      config: The `checkpoint` section of the config (save_interval_steps,
+        max_to_keep, async_save).
+
+    Raises:
+      ValueError: on a negative save interval or max_to_keep < 1.
+    """
+    if config.save_interval_steps < 0:
+      raise ValueError(
+          'checkpoint.save_interval_steps must be >= 0 (0 = save only at the '
+          f'end and on SIGTERM), got {config.save_interval_steps}.'
+      )
+    if config.max_to_keep < 1:
+      raise ValueError(
+          f'checkpoint.max_to_keep must be >= 1, got {config.max_to_keep}.'
+      )
+    self.directory = epath.Path(workdir) / CHECKPOINT_SUBDIR
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=config.max_to_keep,
+        save_decision_policy=_save_policy(config.save_interval_steps),
+        enable_async_checkpointing=config.async_save,
+        create=True,
+    )
+    self._manager = ocp.CheckpointManager(
+        self.directory,
+        options=options,
+        item_handlers={
+            'lora': ocp.StandardCheckpointHandler(),
+            'opt': ocp.StandardCheckpointHandler(),
+            'data': grain.checkpoint.CheckpointHandler(),
+            'meta': ocp.JsonCheckpointHandler(),
+        },
+    )
+    # Steps that failed in the last `restore`, as {step: error message}.
+    self.failed_steps = {}
+    self._saved_steps = set()
+
+  def all_steps(self):
+    """Returns the steps on disk, ascending (damaged ones included)."""
+    return sorted(self._manager.all_steps())
+
+  def latest_step(self):
+    """Returns the newest step on disk, or None (it may be damaged)."""
+    steps = self.all_steps()
+    return steps[-1] if steps else None
+
+  def should_save(self, step):
+    """True if a non-forced `save(step, ...)` would write a checkpoint."""
+    step = int(step)
+    return (step not in self._manager.all_steps()
+            and self._manager.should_save(step))
+
+  def save(self, step, lora_state, opt_state, data_iter, meta, force=False):  # pylint: disable=redefined-outer-name
+    """Saves one step if the save policy (or `force`) says so.
+
+    Args:
+      step: The training step (the number of completed updates).
+      lora_state: nnx.State of the LoRA params (see `lora_state()`) or its
+        pure dict.
+      opt_state: nnx.State of the optimizer (see `optimizer_state()`) or its
+        pure dict.
+      data_iter: The Grain DatasetIterator, positioned after this step's batch.
+      meta: JSON-serialisable dict of small values (NumPy/JAX scalars and
+        arrays become numbers and lists); 'step' is added, 'checksums' is
+        reserved.
+      force: Save even when the step is not on the save interval.
+
+    Returns:
+      True if a save was started; False if skipped (not due, or the step
+      already exists on disk).
+
+    Raises:
+      ValueError: if meta uses the reserved key 'checksums'.
+    """
+    step = int(step)
+    if CHECKSUMS_KEY in meta:
+      raise ValueError(
+          f'meta key {CHECKSUMS_KEY!r} is reserved for the checkpointer.'
+      )
+    if step in self._saved_steps:
+      return False  # Saved by this Checkpointer already (e.g. then forced).
+    if step in self._manager.all_steps():
+      logging.warning(
+          'Not saving step %s: a checkpoint for it already exists in %s '
+          '(existing checkpoints are never overwritten).', step,
+          self.directory,
+      )
+      return False
+    if not force and not self._manager.should_save(step):
+      return False
+    lora_tree, opt_tree = _to_pure(lora_state), _to_pure(opt_state)
+    meta = _to_json({
+        **meta,
+        'step': step,
+        CHECKSUMS_KEY: {'lora': checksum(lora_tree), 'opt': checksum(opt_tree)},
+    })
+    args = ocp.args.Composite(
+        lora=ocp.args.StandardSave(lora_tree),
+        opt=ocp.args.StandardSave(opt_tree),
+        data=grain.checkpoint.CheckpointSave(data_iter),
+        meta=ocp.args.JsonSave(meta),
+    )
+    saved = self._manager.save(step, args=args, force=force)
+    if saved:
+      self._saved_steps.add(step)
+      logging.info('Saving checkpoint for step %s in %s.', step,
+                   self.directory)
+    return saved
+
+  def _restore_step(self, step, lora_target, opt_target, data_iter):
+    """Restores one step; raises on any failure."""
+    items = {'meta': ocp.args.JsonRestore()}
+    abstract = {}
+    for name, target in (('lora', lora_target), ('opt', opt_target)):
+      if target is not None:
+        abstract[name] = _abstract(_to_pure(target))
+        items[name] = ocp.args.StandardRestore(abstract[name])
+    if data_iter is not None:
+      items['data'] = grain.checkpoint.CheckpointRestore(data_iter)
+    restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+    meta = restored['meta']
+    if not isinstance(meta, dict) or meta.get('step') != step:
+      raise ValueError(
+          f"'meta' of step {step} is {meta!r}; expected a dict with "
+          f"'step': {step}."
+      )
+    states = {}
+    for name, target in (('lora', lora_target), ('opt', opt_target)):
+      if target is None:
+        states[name] = None
+        continue
+      _check_shapes(name, abstract[name], restored[name])
+      expected = meta.get(CHECKSUMS_KEY, {}).get(name)
+      if expected is not None and checksum(restored[name]) != expected:
+        raise ValueError(
+            f'{name!r} of step {step} does not match the checksum written '
+            'with it: its files are corrupted.'
+        )
+      states[name] = _like_target(target, restored[name])
+    meta = {k: v for k, v in meta.items() if k != CHECKSUMS_KEY}
+    return Restored(states['lora'], states['opt'], meta, step)
+
+  def restore(self, lora_target, opt_target=None, data_iter=None, step=None):
+    """Restores the newest good checkpoint (or `step`), falling back if bad.
+
+    Args:
+      lora_target: The current LoRA state (nnx.State or pure dict); gives the
+        structure, dtypes and shardings to restore into. Not modified.
+      opt_target: The current optimizer state, likewise; None skips it.
+      data_iter: A Grain DatasetIterator to reposition in place; None skips
+        it.
+      step: Restore exactly this step (no fallback); None = newest good one.
+
+    Returns:
+      None if there is no checkpoint at all; otherwise Restored(lora_state,
+      opt_state, meta, step), states in the targets' types (None where the
+      target was None).
+
+    Raises:
+      RestoreError: if no step (or the requested `step`) can be restored.
+    """
+    self.failed_steps = {}
+    self._manager.reload()
+    steps = self.all_steps()
+    if not steps:
+      logging.info('No checkpoint in %s.', self.directory)
+      return None
+    if step is not None:
+      if step not in steps:
+        raise RestoreError(
+            f'No checkpoint for step {step} in {self.directory}; it has '
+            f'steps {steps}.'
+        )
+      steps = [step]
+    for candidate in reversed(steps):
+      error, result = None, None
+      try:
+        result = self._restore_step(candidate, lora_target, opt_target,
+                                    data_iter)
+      except Exception as e:  # pylint: disable=broad-exception-caught
+        error = f'{type(e).__name__}: {e}'
+      if _all_processes(error is None):
+        logging.info('Restored checkpoint step %s from %s.', candidate,
+                     self.directory)
+        return result
+      error = error or 'failed on another process'
+      self.failed_steps[candidate] = error
+      logging.warning(
+          'Checkpoint step %s in %s could not be restored (%s); it is left '
+          'on disk untouched. Trying an older step.', candidate,
+          self.directory, error,
+      )
+    failures = '\n'.join(
+        f'  step {s}: {e}' for s, e in self.failed_steps.items()
+    )
+    raise RestoreError(
+        f'No checkpoint in {self.directory} could be restored:\n{failures}\n'
+        'Move the damaged step directories away (or use a new workdir) to '
+        'start from scratch.'
+    )
+
+  def restore_into(self, model, optimizer=None, data_iter=None, step=None):
+    """`restore`, then nnx.update of the model (and optimizer) in place.
+
+    Returns:
+      None if there is no checkpoint, else (meta, step).
+    """
+    restored = self.restore(
+        lora_state(model),
+        None if optimizer is None else optimizer_state(optimizer),
+        data_iter,
+        step=step,
+    )
+    if restored is None:
+      return None
+    nnx.update(model, restored.lora_state)
+    if optimizer is not None:
+      nnx.update(optimizer, restored.opt_state)
+    return restored.meta, restored.step
+
+  def wait(self):
+    """Blocks until any asynchronous save has finished writing."""
+    self._manager.wait_until_finished()
+
+  def close(self):
+    """Waits for pending saves and releases the manager."""
+    self._manager.close()
+
+
+def install_sigterm_handler(callback):
+  """Installs `callback(signum, frame)` for SIGTERM; returns the previous one.
+
+  Must be called from the main thread. Pass the returned handler back to
+  restore it.
+  """
+  return signal.signal(signal.SIGTERM, callback)
+
+
+def jax_preemption_sync_active():
+  """True if JAX's distributed preemption service handles SIGTERM."""
+  return bool(
+      jax.distributed.is_initialized()
+      and jax.config.jax_enable_preemption_service
+  )
+
+
+class PreemptionGuard:
+  """Turns SIGTERM into a flag that the train loop polls between steps.
+
+  Use `install()` / `uninstall()` or `with PreemptionGuard() as guard:`. The
+  handler only sets a flag; the loop saves and exits at the end of the step.
+  A second SIGTERM goes to the previous handler (by default: the process
+  ends at once), for when the final save hangs.
+  """
+
+  def __init__(self, use_jax_sync=None):
+    """Args: use_jax_sync: None = ask JAX's preemption service iff active."""
+    self.use_jax_sync = use_jax_sync
+    self._event = threading.Event()
+    self._previous = None
+    self._installed = False
+
+  def install(self):
+    """Starts listening for SIGTERM; returns self."""
+    if self._installed:
+      return self
+    if self.use_jax_sync is None:
+      self.use_jax_sync = jax_preemption_sync_active()
+    if self.use_jax_sync:
+      logging.info('SIGTERM is handled by the JAX preemption service.')
+    else:
+      self._previous = install_sigterm_handler(self._handle)
+    self._installed = True
+    return self
+
+  def uninstall(self):
+    """Puts back the SIGTERM handler that was there before `install()`."""
+    if self._installed and not self.use_jax_sync:
+      install_sigterm_handler(self._previous_or_default())
+    self._installed = False
+
+  def __enter__(self):
+    return self.install()
+
+  def __exit__(self, *exc_info):
+    self.uninstall()
+
+  def _previous_or_default(self):
+    # None: the previous handler was not installed from Python.
+    return signal.SIG_DFL if self._previous is None else self._previous
+
+  def _handle(self, signum, frame):
+    if not self._event.is_set():
+      self._event.set()
+      return
+    # A second SIGTERM: hand it to the previous handler.
+    previous = self._previous_or_default()
+    self.uninstall()
+    if callable(previous):
+      previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+      os.kill(os.getpid(), signum)
+
+  def requested(self):
+    """True once this process has received SIGTERM (no synchronisation)."""
+    return self._event.is_set()
+
+  def should_stop(self, step):
+    """True if training should save and stop after `step`.
+
+    Call it once per step on every process: all processes get the same
+    answer for the same step.
+    """
+    if self.use_jax_sync:
+      stop = multihost_utils.reached_preemption_sync_point(int(step))
+    else:
+      stop = _any_process(self.requested())
+    if stop:
+      logging.warning('Preemption requested: stopping after step %s.', step)
+    return stop
+
