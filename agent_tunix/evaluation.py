@@ -1,0 +1,106 @@
+"""Accuracy of a policy on held-out questions: greedy, format, pass@k.
+
+* accuracy: greedy completion whose <answer> holds the true number
+  (numerically equal; '72', '72.0' and '$72' all count).
+* format_accuracy: greedy completion in the exact
+  <reasoning>...</reasoning><answer>...</answer> format.
+* pass_at_k: at least one of k sampled completions (rollout temperature) is
+  correct; the fraction of questions for which that holds.
+
+Batches are padded to `eval.batch_size` rows so the sampler compiles once.
+"""
+
+from absl import logging
+import numpy as np
+
+from agent_tunix.data import pipeline
+from agent_tunix.rewards import format as format_lib
+from agent_tunix.rewards import math as math_lib
+
+
+def is_correct(completion, answer):
+  """True if the <answer> block holds a number equal to `answer`."""
+  extracted = format_lib.extract_answer(completion)
+  if extracted is None:
+    return False
+  guess = math_lib.parse_number(extracted)
+  truth = math_lib.parse_number(str(answer))
+  return guess is not None and truth is not None and guess == truth
+
+
+def encode_examples(examples, tokenizer, max_prompt_length):
+  """Left-padded prompt tokens [n, P] for eval examples (all must fit)."""
+  rows = []
+  for example in examples:
+    encoded = pipeline.encode_prompt(
+        example['prompt'], tokenizer, max_prompt_length
+    )
+    if encoded is None:
+      raise ValueError(
+          f'Eval prompt longer than generation.max_prompt_length='
+          f'{max_prompt_length}: {example["prompt"][:80]!r}...'
+      )
+    rows.append(encoded[0])
+  return np.stack(rows)
+
+
+def _generate_all(sampler, tokens, batch_size, max_steps, seed, **sampling):
+  """Completion texts for every row, in fixed-size (padded) batches."""
+  texts = []
+  for start in range(0, len(tokens), batch_size):
+    chunk = tokens[start:start + batch_size]
+    pad = batch_size - len(chunk)
+    if pad:
+      chunk = np.concatenate([chunk, np.repeat(chunk[-1:], pad, axis=0)])
+    out = sampler.generate(chunk, max_steps, seed + start, **sampling)
+    texts.extend(out.texts[:batch_size - pad])
+  return texts
+
+
+def evaluate(sampler, tokenizer, examples, config, seed=0):
+  """Evaluates the sampler's current policy on `examples`.
+
+  Args:
+    sampler: a `rollout.Rollout` over the policy.
+    tokenizer: the policy's tokenizer.
+    examples: dicts with 'prompt' and 'answer' (pipeline.eval_examples).
+    config: the full config (generation, eval sections).
+    seed: sampling seed for pass@k.
+
+  Returns:
+    (metrics dict with accuracy, format_accuracy and, when eval.pass_at_k >
+    0, pass_at_k; list of greedy completion texts).
+  """
+  if not examples:
+    raise ValueError(
+        'No evaluation examples: raise data.num_eval_examples or '
+        'generation.max_prompt_length.'
+    )
+  tokens = encode_examples(
+      examples, tokenizer, config.generation.max_prompt_length
+  )
+  batch = config.eval.batch_size
+  steps = config.eval.max_generation_steps
+  answers = [e['answer'] for e in examples]
+  greedy = _generate_all(sampler, tokens, batch, steps, seed)
+  metrics = {
+      'accuracy': float(np.mean(
+          [is_correct(c, a) for c, a in zip(greedy, answers)]
+      )),
+      'format_accuracy': float(np.mean(
+          [format_lib.is_exact_format(c) for c in greedy]
+      )),
+  }
+  k = config.eval.pass_at_k
+  if k > 0:
+    gen = config.generation
+    sampled = _generate_all(
+        sampler, np.repeat(tokens, k, axis=0), batch, steps, seed + 1,
+        temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p,
+    )
+    hits = np.array(
+        [is_correct(c, a) for c, a in zip(sampled, np.repeat(answers, k))]
+    ).reshape(len(examples), k)
+    metrics['pass_at_k'] = float(hits.any(axis=1).mean())
+  logging.info('Eval on %d questions: %s', len(examples), metrics)
+  return metrics, greedy

@@ -1,0 +1,60 @@
+r"""Trains a Gemma 3 policy with GRPO and LoRA.
+
+  python -m agent_tunix.main --config=configs/gemma3_270m.py --workdir=/tmp/run
+
+Any config field can be overridden, e.g. --config.grpo.num_generations=8.
+Rerunning the same command resumes from the latest checkpoint in --workdir.
+"""
+
+import json
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+from ml_collections import config_flags
+
+from agent_tunix import config_lib
+from agent_tunix import sharding
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Config file (a get_config() module).', lock_config=True
+)
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'Directory (local or gs://) for checkpoints and metrics.'
+)
+_PRINT_CONFIG = flags.DEFINE_bool(
+    'print_config', False, 'Print the resolved config and exit.'
+)
+_MULTIHOST = flags.DEFINE_bool(
+    'multihost', False,
+    'Call jax.distributed.initialize() (TPU pods); same as '
+    '--config.mesh.multihost=true.',
+)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  config = _CONFIG.value
+  if _PRINT_CONFIG.value:
+    sys.stdout.write(config.to_json_best_effort(indent=2) + '\n')
+    return
+  if not _WORKDIR.value:
+    raise app.UsageError('--workdir is required (local path or gs://).')
+  if _MULTIHOST.value or config.mesh.multihost:
+    sharding.initialize_distributed()
+  config_lib.validate(config, process_count=jax.process_count())
+  from agent_tunix import train  # pylint: disable=g-import-not-at-top
+  result = train.train_and_evaluate(config, _WORKDIR.value)
+  logging.info('Finished: %s', result)
+  if jax.process_index() == 0:
+    sys.stdout.write(json.dumps(
+        {'step': result['step'], 'eval': result['eval'],
+         'preempted': result['preempted']}) + '\n')
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config'])
+  app.run(main)

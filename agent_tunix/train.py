@@ -1,0 +1,263 @@
+"""The GRPO train loop: mesh -> models -> data -> restore -> steps.
+
+Each step: a batch of prompts -> G sampled completions each (rollout) ->
+rewards -> group-relative advantages -> reference log-probs (if beta > 0) ->
+num_iterations jitted LoRA updates -> metrics, checkpoint, evaluation. The
+math lives in grpo.py; this module only wires the pieces and keeps the books.
+
+Reproducibility: the sampling seed of step s is derived from
+(training.seed, s) and everything else that changes between steps (LoRA
+params, optimizer state, data iterator) is checkpointed, so a run resumed
+from step k repeats the uninterrupted run step for step.
+"""
+
+import dataclasses
+import time
+
+from absl import logging
+from flax import nnx
+import jax
+import numpy as np
+
+from agent_tunix import checkpoint
+from agent_tunix import config_lib
+from agent_tunix import evaluation
+from agent_tunix import grpo
+from agent_tunix import metrics as metrics_lib
+from agent_tunix import models
+from agent_tunix import rewards
+from agent_tunix import rollout
+from agent_tunix import sharding
+from agent_tunix.data import pipeline
+
+
+@dataclasses.dataclass
+class Session:
+  """Everything a run builds once: model, tokenizer, data, optimizer."""
+
+  config: object
+  workdir: str
+  mesh: object
+  model: object
+  tokenizer: object
+  sampler: rollout.Rollout
+  reward_set: rewards.RewardSet
+  optimizer: object
+  schedule: object
+  hp: grpo.StepHParams
+  eval_set: list
+  train_iter: object = None
+  data_stats: dict = None
+
+
+def step_seed(base_seed, step):
+  """Sampling seed of a step: independent of restarts."""
+  return int(np.random.SeedSequence([base_seed, step]).generate_state(1)[0])
+
+
+def setup(config, workdir, with_data=True):
+  """Validates the config and builds the session (no training)."""
+  config_lib.validate(config, process_count=jax.process_count())
+  mesh = sharding.make_mesh(config.mesh)
+  model, tokenizer = models.build(config, mesh)
+  sampler = rollout.Rollout(
+      model, tokenizer, config.generation.kv_cache_size
+  )
+  tx, schedule = grpo.make_optimizer(
+      learning_rate=config.optimizer.learning_rate,
+      warmup_ratio=config.optimizer.warmup_ratio,
+      num_steps=config.training.num_steps,
+      b1=config.optimizer.b1,
+      b2=config.optimizer.b2,
+      weight_decay=config.optimizer.weight_decay,
+      max_grad_norm=config.optimizer.max_grad_norm,
+  )
+  optimizer = nnx.Optimizer(model, tx, wrt=nnx.LoRAParam)
+  session = Session(
+      config=config,
+      workdir=workdir,
+      mesh=mesh,
+      model=model,
+      tokenizer=tokenizer,
+      sampler=sampler,
+      reward_set=rewards.RewardSet.from_config(config.rewards),
+      optimizer=optimizer,
+      schedule=schedule,
+      hp=grpo.hparams_from_config(config),
+      eval_set=pipeline.eval_examples(config, tokenizer),
+  )
+  if with_data:
+    session.train_iter, session.data_stats = pipeline.make_train_iterator(
+        config, tokenizer, jax.process_index(), jax.process_count()
+    )
+  return session
+
+
+def rollout_batch(session, batch, step):
+  """Samples G completions per prompt and scores them.
+
+  Returns:
+    (update batch of arrays for grpo, per-step scalars, sample texts).
+  """
+  config = session.config
+  g = config.grpo.num_generations
+  gen = config.generation
+  rows = rollout.repeat_groups(batch, g)
+  out = session.sampler.generate(
+      rows['prompt_tokens'], gen.max_generation_steps,
+      step_seed(config.training.seed, step), gen.temperature, gen.top_k,
+      gen.top_p,
+  )
+  prompts = list(rows['prompt'])
+  total, per_fn = session.reward_set(
+      prompts, out.texts, answer=list(rows['answer']),
+      question=list(rows['question']),
+      completion_lengths=out.lengths.tolist(),
+  )
+  advantages = np.asarray(
+      grpo.group_advantages(total, g, config.grpo.scale_rewards)
+  )
+  grouped = total.reshape(-1, g)
+  scalars = {
+      'reward/mean': float(total.mean()),
+      'reward/std': float(total.std()),
+      'frac_reward_zero_std': float((grouped.std(axis=1) == 0).mean()),
+      'completion/mean_length': float(out.lengths.mean()),
+      'completion/clipped_ratio': float(out.truncated.mean()),
+  }
+  for name, values in per_fn.items():
+    scalars[f'reward/{metrics_lib.sanitize_name(name)}/mean'] = float(
+        values.mean()
+    )
+  update = {
+      'tokens': np.concatenate([rows['prompt_tokens'], out.tokens], axis=1),
+      'input_mask': np.concatenate(
+          [rows['prompt_mask'], out.mask > 0], axis=1
+      ),
+      'completion_mask': out.mask,
+      'advantages': advantages.astype(np.float32),
+  }
+  samples = (prompts, out.texts, total)
+  return update, scalars, samples, int(out.lengths.sum())
+
+
+def update_policy(session, update):
+  """Reference/old log-probs as needed, then num_iterations updates."""
+  config = session.config
+  batch = sharding.shard_batch(update, session.mesh)
+  if config.grpo.beta > 0:
+    batch['ref_logps'] = grpo.reference_logps(session.model, batch, session.hp)
+  if config.grpo.num_iterations > 1:
+    batch['old_logps'] = grpo.policy_logps(session.model, batch, session.hp)
+  for _ in range(config.grpo.num_iterations):
+    step_metrics = grpo.train_step(
+        session.model, session.optimizer, batch, session.hp
+    )
+  return {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+
+
+def save(ckpt, session, step, force=False):
+  ckpt.save(step, checkpoint.lora_state(session.model),
+            checkpoint.optimizer_state(session.optimizer),
+            session.train_iter, {}, force=force)
+
+
+def restore_lora(session, workdir, step=None):
+  """Loads a run's LoRA params (latest or `step`); returns the step or None."""
+  ckpt = checkpoint.Checkpointer(workdir, session.config.checkpoint)
+  restored = ckpt.restore_into(session.model, step=step)
+  ckpt.close()
+  return None if restored is None else restored[1]
+
+
+def run_eval(session, writer, step):
+  scores, texts = evaluation.evaluate(
+      session.sampler, session.tokenizer, session.eval_set, session.config,
+      seed=step_seed(session.config.training.seed + 1, step),
+  )
+  writer.write_scalars(step, {f'eval/{k}': v for k, v in scores.items()})
+  if texts:
+    metrics_lib.write_samples(
+        writer, step, [e['prompt'] for e in session.eval_set], texts,
+        [float(evaluation.is_correct(t, e['answer']))
+         for t, e in zip(texts, session.eval_set)],
+        session.config.logging.num_sample_texts,
+    )
+  return scores
+
+
+def train_and_evaluate(config, workdir):
+  """Trains (resuming from workdir's latest checkpoint) and evaluates.
+
+  Returns:
+    Dict with the final step, the last step's scalars and final eval scores.
+  """
+  session = setup(config, workdir)
+  model, optimizer = session.model, session.optimizer
+  ckpt = checkpoint.Checkpointer(workdir, config.checkpoint)
+  start = 0
+  restored = ckpt.restore_into(model, optimizer, session.train_iter)
+  if restored is not None:
+    _, start = restored
+    logging.info('Resumed from step %d in %s', start, workdir)
+  writer = metrics_lib.create_writer(workdir)
+  if start == 0:
+    metrics_lib.write_hparams(writer, config)
+  num_steps = config.training.num_steps
+  report = metrics_lib.progress_hook(config, num_steps, writer)
+  guard = checkpoint.PreemptionGuard()
+  logging.info(
+      'Training %s for %d steps (%d prompts x %d generations); data: %s',
+      config.model.preset, num_steps, config.training.batch_size,
+      config.grpo.num_generations, session.data_stats,
+  )
+  if start == 0:
+    writer.write_scalars(0, {
+        'data/dropped_long_prompts':
+            session.data_stats['dropped_long_prompts']
+    })
+    run_eval(session, writer, 0)
+  scalars = {}
+  step = start
+  with guard:
+    for step in range(start + 1, num_steps + 1):
+      try:
+        batch = next(session.train_iter)
+      except StopIteration:
+        logging.info('Data exhausted after step %d.', step - 1)
+        step -= 1
+        break
+      t0 = time.perf_counter()
+      update, scalars, samples, gen_tokens = rollout_batch(
+          session, batch, step
+      )
+      t1 = time.perf_counter()
+      scalars.update(update_policy(session, update))
+      t2 = time.perf_counter()
+      scalars['learning_rate'] = float(session.schedule(step - 1))
+      scalars['time/rollout_s'] = t1 - t0
+      scalars['time/update_s'] = t2 - t1
+      scalars['tokens_per_s'] = gen_tokens / (t2 - t0)
+      metrics_lib.check_finite(step, scalars)
+      writer.write_scalars(step, scalars)
+      metrics_lib.write_samples(
+          writer, step, *samples, config.logging.num_sample_texts
+      )
+      report(step)
+      save(ckpt, session, step)
+      every = config.eval.eval_every_n_steps
+      if every and step % every == 0 and step < num_steps:
+        run_eval(session, writer, step)
+      if guard.should_stop(step):
+        save(ckpt, session, step, force=True)
+        ckpt.close()
+        writer.flush()
+        return {'step': step, 'scalars': scalars, 'eval': None,
+                'preempted': True}
+  if step > start:
+    save(ckpt, session, step, force=True)
+  final = run_eval(session, writer, step)
+  ckpt.close()
+  writer.flush()
+  return {'step': step, 'scalars': scalars, 'eval': final,
+          'preempted': False}
