@@ -142,8 +142,9 @@ def validate(config, num_devices=None, process_count=1):
   )
   ck = config.checkpoint
   _require(
-      ck.save_interval_steps >= 1 and ck.max_to_keep >= 1,
-      'config.checkpoint.save_interval_steps and max_to_keep must be >= 1.',
+      ck.save_interval_steps >= 0 and ck.max_to_keep >= 1,
+      f'config.checkpoint.save_interval_steps={ck.save_interval_steps} must '
+      f'be >= 0 and config.checkpoint.max_to_keep={ck.max_to_keep} >= 1.',
   )
   _require(
       config.eval.eval_every_n_steps >= 0 and config.eval.pass_at_k >= 0,

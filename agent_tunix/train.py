@@ -58,6 +58,11 @@ def step_seed(base_seed, step):
 def setup(config, workdir, with_data=True):
   """Validates the config and builds the session (no training)."""
   config_lib.validate(config, process_count=jax.process_count())
+  if with_data and config.model.lora_rank < 1:
+    raise config_lib.ConfigError(
+        f'config.model.lora_rank={config.model.lora_rank}: training updates '
+        'only LoRA adapters, so it needs a rank >= 1.'
+    )
   mesh = sharding.make_mesh(config.mesh)
   model, tokenizer = models.build(config, mesh)
   sampler = rollout.Rollout(

@@ -37,15 +37,16 @@ def get_config(arg=None):
   # SentencePiece tokenizer.model for 'kaggle'/'orbax' (and 'hf' when the
   # directory has none); '' means look next to the weights.
   config.model.tokenizer_path = ''
-  # Where the SentencePiece model rebuilt from a GGUF vocabulary is cached;
-  # '' means ~/.cache/agent_tunix.
+  # Where the SentencePiece model rebuilt from a GGUF vocabulary and the
+  # dequantized GGUF weights are cached; '' means ~/.cache/agent_tunix.
   config.model.cache_dir = ''
   # Parameter dtype of the frozen base weights: 'float32' or 'bfloat16'.
   config.model.dtype = 'float32'
   # Rematerialisation of the backbone in the update: 'none', 'block' or
   # 'decoder' (recompute activations in the backward pass to save memory).
   config.model.remat = 'none'
-  # LoRA rank; 0 disables LoRA (then nothing is trainable).
+  # LoRA rank; 0 disables LoRA (generate/evaluate the base model only;
+  # training needs a rank >= 1).
   config.model.lora_rank = 16
   # LoRA alpha; the adapter output is scaled by alpha / rank.
   config.model.lora_alpha = 32.0
@@ -168,7 +169,8 @@ def get_config(arg=None):
 
   # ----------------------------------------------------------- checkpoint
   config.checkpoint = ml_collections.ConfigDict()
-  # Save every N steps (and at the end, and on SIGTERM).
+  # Save every N steps (and at the end, and on SIGTERM); 0 = only at the end
+  # and on SIGTERM.
   config.checkpoint.save_interval_steps = 100
   # Checkpoints to keep.
   config.checkpoint.max_to_keep = 3
