@@ -1,19 +1,46 @@
-"""Device mesh from the config, batch sharding and multi-host helpers.
+"""Device mesh from the config, array placement and multi-host helpers.
 
 The mesh axes are named after tunix's Gemma 3 ShardingConfig: 'fsdp' shards
 weights and the batch, 'tp' shards heads and hidden features; an optional
 'data' axis shards only the batch. Axis types are Auto: tunix's embedder
 gather fails under explicit sharding.
+
+Where things live (B = batch rows; see `describe` for a printout):
+
+* Base weights: the PartitionSpec each tunix module declares in its
+  ShardingConfig ('fsdp' / 'tp' names in the Variable metadata).
+* LoRA params: qwix derives them from the adapted weight (lora_a keeps the
+  weight's input-side axes, lora_b its output-side axes, the rank axis is
+  unsharded), so their specs always match their rank.
+* Optimizer state: the moments copy the shardings of the LoRA params; the
+  step counter and anything else unsharded is replicated on the mesh
+  (`replicate_unplaced`), so every leaf is a global array.
+* Batches: rows over the batch axes ('data', 'fsdp'), everything else
+  replicated (`batch_sharding`, `shard_batch`).
+* Sampler state: token buffers by rows; KV cache [B, S, K, H] by rows and
+  kv heads, like tunix's `act_btnh` activations (`kv_cache_sharding`).
+
+A dimension that a mesh axis does not divide is left unsharded on that axis
+(`fit_spec`) instead of failing, e.g. a single KV head on a 2-way 'tp' axis.
+
+Multi-host: every process runs the same program on global arrays. Data
+arrives per process (the pipeline gives process p the stream positions p,
+p + P, p + 2P, ... of each global batch); `gather_rows` reassembles a global
+batch on every host in stream order and `own_rows` says which of its rows
+are this process's.
 """
 
 import math
 
 from absl import logging
+from flax import nnx
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 
 AXIS_NAMES = ('data', 'fsdp', 'tp')
 BATCH_AXES = ('data', 'fsdp')
+P = jax.sharding.PartitionSpec
 
 
 def resolve_shape(shape, num_devices):
@@ -48,11 +75,22 @@ def resolve_shape(shape, num_devices):
 
 
 def make_mesh(mesh_cfg, devices=None):
-  """Builds the jax Mesh described by `config.mesh` (Auto axis types)."""
+  """Builds the jax Mesh described by `config.mesh` (Auto axis types).
+
+  On several processes the mesh must span every device (a mesh over some
+  processes' devices only would leave the others with nothing to run).
+  """
   devices = jax.devices() if devices is None else devices
   shape = resolve_shape(mesh_cfg.shape, len(devices))
   names = tuple(mesh_cfg.axis_names)
   n = math.prod(shape)
+  if jax.process_count() > 1 and n != len(devices):
+    raise ValueError(
+        f'config.mesh.shape={tuple(mesh_cfg.shape)} resolves to {shape}, '
+        f'{n} of the {len(devices)} devices of {jax.process_count()} '
+        'processes; a multi-host mesh must use all devices (put -1 on one '
+        'axis).'
+    )
   mesh = jax.make_mesh(
       shape,
       names,
@@ -73,15 +111,70 @@ def batch_parallelism(mesh):
   return math.prod(mesh.shape[a] for a in batch_axes(mesh))
 
 
-def batch_sharding(mesh, ndim=1):
-  spec = (batch_axes(mesh) or None,) + (None,) * (ndim - 1)
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+def fit_spec(mesh, shape, spec):
+  """`spec` without the axes that do not divide their dimension of `shape`.
+
+  An entry may be one axis name or a tuple of names; from a tuple, the
+  longest prefix whose size divides the dimension is kept.
+  """
+  fitted = []
+  for dim, entry in zip(shape, tuple(spec) + (None,) * len(shape)):
+    names = (entry,) if isinstance(entry, str) else tuple(entry or ())
+    kept = ()
+    for name in names:
+      if dim % (math.prod(mesh.shape[a] for a in kept) * mesh.shape[name]):
+        break
+      kept += (name,)
+    fitted.append(kept[0] if len(kept) == 1 else (kept or None))
+  return P(*fitted)
+
+
+def batch_sharding(mesh, ndim=1, rows=None):
+  """Rows over the batch axes, other dimensions replicated.
+
+  Args:
+    mesh: the device mesh.
+    ndim: rank of the arrays.
+    rows: the number of rows, when known; rows that the batch axes do not
+      divide are placed on fewer axes (or replicated) instead of failing.
+
+  Returns:
+    A NamedSharding.
+  """
+  spec = P(batch_axes(mesh) or None, *(None,) * (ndim - 1))
+  if rows is not None:
+    spec = fit_spec(mesh, (rows,) + (1,) * (ndim - 1), spec)
+  return jax.sharding.NamedSharding(mesh, spec)
+
+
+def kv_cache_sharding(mesh, shape, heads_spec=('fsdp', None, 'tp', None)):
+  """Sharding of a [B, S, K, H] KV cache array.
+
+  Args:
+    mesh: the device mesh.
+    shape: the cache array's shape.
+    heads_spec: the model's activation spec for [B, T, heads, head_dim]
+      (tunix Gemma 3: `config.shd_config.act_btnh`); its batch entry is
+      replaced by all batch axes of the mesh.
+
+  Returns:
+    A NamedSharding (axes that do not divide a dimension dropped).
+  """
+  spec = (batch_axes(mesh) or None,) + tuple(
+      a if a in mesh.axis_names else None for a in heads_spec[1:]
+  )
+  return jax.sharding.NamedSharding(mesh, fit_spec(mesh, shape, spec))
+
+
+def replicated(mesh):
+  return jax.sharding.NamedSharding(mesh, P())
 
 
 def shard_batch(batch, mesh):
   """Global arrays from this process's rows of a batch (leading axis).
 
-  Every process passes its own local rows; on one process this is a sharded
+  Every process passes its own rows; the global array holds process 0's
+  rows first, then process 1's, and so on. On one process this is a sharded
   device_put. Non-numeric leaves (strings) are returned unchanged.
   """
   def put(x):
@@ -94,20 +187,182 @@ def shard_batch(batch, mesh):
   return jax.tree.map(put, batch)
 
 
-def replicated(mesh):
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+def put_global(x, sharding):
+  """A global array from a host array that every process holds in full."""
+  x = np.asarray(x)
+  return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
 
 
-def initialize_distributed():
-  """jax.distributed.initialize() for multi-host pods; fails loudly."""
+def to_host(x):
+  """The full value of a (possibly multi-process) array, on every process."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))
+
+
+def gather_rows(local):
+  """Every process's rows of a batch, on every process, in stream order.
+
+  The pipeline gives process p the positions p, p + P, p + 2P, ... of a
+  global batch, so this process's row j is global row j * P + p. The result
+  is the batch a single process would have read, whatever the process count.
+
+  Args:
+    local: numeric array [b, ...], this process's rows (same shape on every
+      process).
+
+  Returns:
+    numpy array [P * b, ...].
+  """
+  local = np.asarray(local)
+  count = jax.process_count()
+  if count == 1:
+    return local
+  stacked = np.asarray(multihost_utils.process_allgather(local))
+  return stacked.swapaxes(0, 1).reshape(count * local.shape[0],
+                                        *local.shape[1:])
+
+
+def own_rows(num_rows, group=1):
+  """Indices of this process's rows in a `gather_rows` batch.
+
+  Args:
+    num_rows: rows of the gathered batch of prompts.
+    group: rows per prompt after repeating every prompt `group` times (the
+      repeats of a prompt are contiguous).
+
+  Returns:
+    int array of this process's row indices (whole groups), ascending.
+  """
+  prompts = np.arange(jax.process_index(), num_rows, jax.process_count())
+  return (prompts[:, None] * group + np.arange(group)[None, :]).reshape(-1)
+
+
+def allgather_concat(tree):
+  """Concatenates every process's [n, ...] numpy leaves (process order)."""
+  if jax.process_count() == 1:
+    return jax.tree.map(np.asarray, tree)
+  return jax.tree.map(
+      lambda x: np.asarray(multihost_utils.process_allgather(
+          np.asarray(x), tiled=True)),
+      tree,
+  )
+
+
+def model_mesh(model):
+  """The mesh the model's parameters live on, or None if not on a mesh."""
+  for leaf in jax.tree.leaves(nnx.state(model)):
+    sharding = getattr(leaf, 'sharding', None)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+      return sharding.mesh
+  return None
+
+
+def replicate_unplaced(tree, mesh):
+  """Puts leaves that are not global arrays on `mesh` yet, replicated.
+
+  nnx.Optimizer creates its step counter as a plain single-device array;
+  this makes it a global array like the rest of the state, so that jit sees
+  the same shardings at every step (one compile) and Orbax saves and
+  restores it collectively on every process.
+  """
+  def place(x):
+    if not isinstance(x, jax.Array):
+      return x
+    sharding = x.sharding
+    if isinstance(sharding, jax.sharding.NamedSharding) and (
+        sharding.mesh == mesh):
+      return x
+    return jax.device_put(x, replicated(mesh))
+  return jax.tree.map(place, tree)
+
+
+def place_optimizer(optimizer, mesh):
+  """Replicates on `mesh` the optimizer state leaves not placed there yet."""
+  state = nnx.state(optimizer, nnx.OptState)
+  nnx.update(optimizer, replicate_unplaced(state, mesh))
+
+
+def describe(tree):
+  """{path: (shape, spec, shard shape)} of the arrays in a pytree or State."""
+  if isinstance(tree, nnx.Module):
+    tree = nnx.state(tree)
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if isinstance(leaf, jax.Array):
+      spec = getattr(leaf.sharding, 'spec', None)
+      out[jax.tree_util.keystr(path)] = (
+          tuple(leaf.shape), spec,
+          tuple(leaf.sharding.shard_shape(leaf.shape)),
+      )
+  return out
+
+
+def initialize_distributed(coordinator_address=None, num_processes=None,
+                           process_id=None):
+  """jax.distributed.initialize() for multi-host runs; fails loudly.
+
+  With no arguments the cluster is detected (TPU pods, Slurm, Open MPI;
+  JAX_COORDINATOR_ADDRESS is read when set). Elsewhere, e.g. several
+  processes on CPU or GPU machines, pass all three.
+
+  Args:
+    coordinator_address: 'host:port' of process 0's coordinator service.
+    num_processes: the number of processes.
+    process_id: this process's index in [0, num_processes).
+
+  Raises:
+    RuntimeError: when initialisation fails, with the arguments used.
+  """
+  kwargs = {
+      'coordinator_address': coordinator_address or None,
+      'num_processes': num_processes,
+      'process_id': process_id,
+  }
+  kwargs = {k: v for k, v in kwargs.items() if v is not None}
   try:
-    jax.distributed.initialize()
+    jax.distributed.initialize(**kwargs)
   except Exception as e:
     raise RuntimeError(
-        'jax.distributed.initialize() failed: ' + str(e) + '. --multihost '
-        'needs a TPU pod (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and '
-        'JAX_PROCESS_ID set); drop --multihost for a single host.'
+        f'jax.distributed.initialize({kwargs or ""}) failed: {e}. Multi-host '
+        'runs need a TPU pod (or another cluster JAX detects: Slurm, Open '
+        'MPI), or explicit --coordinator_address=HOST:PORT, '
+        '--num_processes=N and --process_id=I on every process; drop '
+        '--multihost for a single host.'
     ) from e
   logging.info('Process %d of %d, %d local / %d global devices',
                jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count())
+
+
+def canonical_sharding(s):
+  """The NamedSharding XLA reports for `s`'s layout on its mesh.
+
+  XLA writes output shardings without mesh axes of size 1 and without
+  trailing Nones. jit caches compiled code by input sharding, so a parameter
+  placed as P(None, 'tp', None) on a 1x1 mesh and returned by the first
+  update as P() would compile every jitted function a second time. Placing
+  state in this canonical form up front avoids that.
+  """
+  if not isinstance(s, jax.sharding.NamedSharding):
+    return s
+  def keep(entry):
+    names = entry if isinstance(entry, tuple) else (entry,)
+    names = tuple(n for n in names if n is not None and s.mesh.shape[n] > 1)
+    if not names:
+      return None
+    return names if len(names) > 1 else names[0]
+  spec = [keep(e) for e in s.spec]
+  while spec and spec[-1] is None:
+    spec.pop()
+  return s.update(spec=jax.sharding.PartitionSpec(*spec))
+
+
+def canonicalize(tree):
+  """Re-places every array of `tree` with `canonical_sharding`."""
+  def put(x):
+    if not isinstance(x, jax.Array):
+      return x
+    target = canonical_sharding(x.sharding)
+    return x if target == x.sharding else jax.device_put(x, target)
+  return jax.tree.map(put, tree)

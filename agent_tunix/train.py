@@ -9,6 +9,20 @@ Reproducibility: the sampling seed of step s is derived from
 (training.seed, s) and everything else that changes between steps (LoRA
 params, optimizer state, data iterator) is checkpointed, so a run resumed
 from step k repeats the uninterrupted run step for step.
+
+Several processes (multi-host): every process runs this same loop on global
+arrays. Each reads its own share of every batch. For the rollout the prompt
+rows are gathered so that every process holds the whole batch, in the order
+one process would have read it; the sampler then runs once, sharded over
+the mesh like the update (not once per host), and every process decodes and
+scores only its own rows. Groups of G completions never straddle processes,
+so advantages are computed locally. The update batch is assembled from the
+processes' rows (`sharding.shard_batch`); step scalars are means over all
+processes' rows. Gathering the prompts and the sampled token ids costs a
+host all-gather of a few integers per row; in exchange the sampled batch,
+and so the run, does not depend on the number of processes. Only process 0
+writes metric files and logs sample texts; checkpoints are written by all
+processes together (Orbax).
 """
 
 import dataclasses
@@ -78,6 +92,7 @@ def setup(config, workdir, with_data=True):
       max_grad_norm=config.optimizer.max_grad_norm,
   )
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.LoRAParam)
+  sharding.place_optimizer(optimizer, mesh)
   session = Session(
       config=config,
       workdir=workdir,
@@ -99,19 +114,27 @@ def setup(config, workdir, with_data=True):
 
 
 def rollout_batch(session, batch, step):
-  """Samples G completions per prompt and scores them.
+  """Samples G completions per prompt and scores this process's rows.
+
+  Args:
+    session: the run's `Session`.
+    batch: this process's batch of prompts (pipeline layout).
+    step: the step number (picks the sampling seed).
 
   Returns:
-    (update batch of arrays for grpo, per-step scalars, sample texts).
+    (update batch of this process's rows for grpo, per-step scalars over all
+    processes' rows, sample texts of this process's rows, number of
+    completion tokens over all processes).
   """
   config = session.config
   g = config.grpo.num_generations
   gen = config.generation
   rows = rollout.repeat_groups(batch, g)
+  prompt_tokens = sharding.gather_rows(batch['prompt_tokens'])
   out = session.sampler.generate(
-      rows['prompt_tokens'], gen.max_generation_steps,
+      np.repeat(prompt_tokens, g, axis=0), gen.max_generation_steps,
       step_seed(config.training.seed, step), gen.temperature, gen.top_k,
-      gen.top_p,
+      gen.top_p, rows=sharding.own_rows(len(prompt_tokens), g),
   )
   prompts = list(rows['prompt'])
   total, per_fn = session.reward_set(
@@ -122,18 +145,9 @@ def rollout_batch(session, batch, step):
   advantages = np.asarray(
       grpo.group_advantages(total, g, config.grpo.scale_rewards)
   )
-  grouped = total.reshape(-1, g)
-  scalars = {
-      'reward/mean': float(total.mean()),
-      'reward/std': float(total.std()),
-      'frac_reward_zero_std': float((grouped.std(axis=1) == 0).mean()),
-      'completion/mean_length': float(out.lengths.mean()),
-      'completion/clipped_ratio': float(out.truncated.mean()),
-  }
-  for name, values in per_fn.items():
-    scalars[f'reward/{metrics_lib.sanitize_name(name)}/mean'] = float(
-        values.mean()
-    )
+  scalars, gen_tokens = _rollout_scalars(
+      total, per_fn, out.lengths, out.truncated, g
+  )
   update = {
       'tokens': np.concatenate([rows['prompt_tokens'], out.tokens], axis=1),
       'input_mask': np.concatenate(
@@ -143,7 +157,31 @@ def rollout_batch(session, batch, step):
       'advantages': advantages.astype(np.float32),
   }
   samples = (prompts, out.texts, total)
-  return update, scalars, samples, int(out.lengths.sum())
+  return update, scalars, samples, gen_tokens
+
+
+def _rollout_scalars(total, per_fn, lengths, truncated, g):
+  """Reward and length statistics over every process's rows."""
+  rows = sharding.allgather_concat({
+      'total': np.asarray(total, np.float32),
+      'per_fn': {k: np.asarray(v, np.float32) for k, v in per_fn.items()},
+      'lengths': np.asarray(lengths),
+      'truncated': np.asarray(truncated, np.float32),
+  })
+  total = rows['total']
+  grouped = total.reshape(-1, g)
+  scalars = {
+      'reward/mean': float(total.mean()),
+      'reward/std': float(total.std()),
+      'frac_reward_zero_std': float((grouped.std(axis=1) == 0).mean()),
+      'completion/mean_length': float(rows['lengths'].mean()),
+      'completion/clipped_ratio': float(rows['truncated'].mean()),
+  }
+  for name, values in rows['per_fn'].items():
+    scalars[f'reward/{metrics_lib.sanitize_name(name)}/mean'] = float(
+        values.mean()
+    )
+  return scalars, int(rows['lengths'].sum())
 
 
 def update_policy(session, update):
@@ -158,7 +196,7 @@ def update_policy(session, update):
     step_metrics = grpo.train_step(
         session.model, session.optimizer, batch, session.hp
     )
-  return {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+  return {k: float(sharding.to_host(v)) for k, v in step_metrics.items()}
 
 
 def save(ckpt, session, step, force=False):
@@ -181,7 +219,7 @@ def run_eval(session, writer, step):
       seed=step_seed(session.config.training.seed + 1, step),
   )
   writer.write_scalars(step, {f'eval/{k}': v for k, v in scores.items()})
-  if texts:
+  if texts and jax.process_index() == 0:
     metrics_lib.write_samples(
         writer, step, [e['prompt'] for e in session.eval_set], texts,
         [float(evaluation.is_correct(t, e['answer']))
@@ -197,7 +235,12 @@ def train_and_evaluate(config, workdir):
   Returns:
     Dict with the final step, the last step's scalars and final eval scores.
   """
-  session = setup(config, workdir)
+  return run(setup(config, workdir))
+
+
+def run(session):
+  """`train_and_evaluate` on a session already built by `setup`."""
+  config, workdir = session.config, session.workdir
   model, optimizer = session.model, session.optimizer
   ckpt = checkpoint.Checkpointer(workdir, config.checkpoint)
   start = 0
@@ -245,9 +288,10 @@ def train_and_evaluate(config, workdir):
       scalars['tokens_per_s'] = gen_tokens / (t2 - t0)
       metrics_lib.check_finite(step, scalars)
       writer.write_scalars(step, scalars)
-      metrics_lib.write_samples(
-          writer, step, *samples, config.logging.num_sample_texts
-      )
+      if jax.process_index() == 0:
+        metrics_lib.write_samples(
+            writer, step, *samples, config.logging.num_sample_texts
+        )
       report(step)
       save(ckpt, session, step)
       every = config.eval.eval_every_n_steps
