@@ -229,6 +229,7 @@ def apply_arg(config, arg):
     if item == 'quick':
       config.training.num_steps = 4
       config.training.batch_size = 1
+      config.training.micro_batch_size = 1
       config.grpo.num_generations = 2
       config.generation.max_generation_steps = 32
       config.eval.max_generation_steps = 32
@@ -250,7 +251,7 @@ def apply_arg(config, arg):
         raise KeyError(
             f'Preset argument {item!r}: config has no field {key!r}.'
         )
-      section[leaf] = type(section[leaf])(_parse_value(value.strip()))
+      section[leaf] = _parse_value(key.strip(), value.strip(), section[leaf])
     else:
       raise ValueError(
           f"Unknown preset argument {item!r}; use 'quick', 'it' or "
@@ -259,12 +260,24 @@ def apply_arg(config, arg):
   return config
 
 
-def _parse_value(text):
-  if text.lower() in ('true', 'false'):
+def _parse_value(key, text, current):
+  """Parses `text` as the type of the field's current value, strictly."""
+  kind = type(current)
+  if kind is bool:
+    if text.lower() not in ('true', 'false'):
+      raise ValueError(f'Preset argument {key}={text!r}: expected true/false.')
     return text.lower() == 'true'
-  for cast in (int, float):
+  if kind in (int, float):
     try:
-      return cast(text)
+      value = float(text) if kind is float else int(text)
     except ValueError:
-      pass
-  return text
+      raise ValueError(
+          f'Preset argument {key}={text!r}: expected {kind.__name__}.'
+      ) from None
+    return value
+  if kind is str:
+    return text
+  raise ValueError(
+      f'Preset argument {key}: fields of type {kind.__name__} cannot be set '
+      f'in a preset argument; use --config.{key}=... instead.'
+  )

@@ -228,13 +228,9 @@ def open_reader(path):
     if begin + nbytes > len(buf):
       raise GGUFError(f'{path!r} is truncated: tensor {name!r} is cut off.')
     raw = np.frombuffer(buf, np.uint8, nbytes, begin)
-    if block == 1:
-      if qtype not in _FLOAT_DTYPES:
-        raise GGUFError(
-            f'{path!r}: tensor {name!r} has unsupported type {qtype.name}.'
-        )
+    if qtype in _FLOAT_DTYPES:
       data = raw.view(_FLOAT_DTYPES[qtype]).reshape(shape)
-    else:
+    else:  # Quantized blocks, or BF16 (which numpy has no dtype for).
       data = raw.reshape(-1, shape[-1] // block * type_size)
     tensors.append(TensorInfo(name, shape, qtype, data))
   return GGUFFile(metadata, tensors)
@@ -277,7 +273,16 @@ def check_architecture(reader, path, model_config):
 
 
 def _dequantize(tensor):
-  data = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
+  if tensor.tensor_type in _FLOAT_DTYPES:
+    return np.asarray(tensor.data, dtype=np.float32)
+  try:
+    data = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
+  except NotImplementedError as e:
+    raise GGUFError(
+        f'tensor {tensor.name!r} has type {tensor.tensor_type.name}, which '
+        'gguf-py cannot dequantize. Re-convert the model to a common type '
+        '(F16, BF16, Q8_0, Q4_K_M, ...).'
+    ) from e
   return np.asarray(data, dtype=np.float32).reshape(tensor.shape)
 
 

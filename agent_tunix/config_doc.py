@@ -1,0 +1,181 @@
+r"""Generates the README's "Configuration" section from configs/base.py.
+
+  python -m agent_tunix.config_doc                     # print the section
+  python -m agent_tunix.config_doc --readme=README.md  # rewrite it in place
+
+A field's description is the comment block written directly above its
+`config.section.field = ...` line in configs/base.py; a field assigned on the
+line right after another one, with no comment of its own, shares that field's
+description (as the AdamW betas do). The default is the value that
+`base.get_config()` returns. tests/config_test.py checks that the README's
+section is exactly what this module renders.
+"""
+
+import ast
+import inspect
+import io
+import tokenize
+
+from absl import app
+from absl import flags
+
+from configs import base
+
+HEADING = '## Configuration'
+
+_README = flags.DEFINE_string(
+    'readme', None,
+    'Rewrite the Configuration section of this Markdown file in place '
+    '(appended if missing) instead of printing it.',
+)
+
+_INTRO = """\
+Every field of `configs/base.py` with its default there; the presets in
+`configs/` change some of them. Override a field on the command line
+(`--config.grpo.num_generations=8`) or after the config file
+(`--config=configs/gemma3_270m.py:model.lora_rank=8,quick`). The config is
+locked, so a misspelled field name is an error.
+
+This section is generated from the comments in `configs/base.py`; edit those
+and regenerate it with `python -m agent_tunix.config_doc --readme=README.md`."""
+
+
+def _field_name(target):
+  """'section.field' for an assignment target `config.section.field`."""
+  parts = []
+  node = target
+  while isinstance(node, ast.Attribute):
+    parts.append(node.attr)
+    node = node.value
+  if isinstance(node, ast.Name) and node.id == 'config' and len(parts) == 2:
+    return '.'.join(reversed(parts))
+  return None
+
+
+def field_comments(source):
+  """{'section.field': description} in the order fields appear in `source`.
+
+  Args:
+    source: the text of configs/base.py.
+
+  Returns:
+    An ordered dict from dotted field name to its comment text (comment lines
+    joined by spaces, '#' removed).
+
+  Raises:
+    ValueError: a field without a comment above it (or above the field
+      assigned on the line before it).
+  """
+  lines = source.splitlines()
+  comment_lines = {
+      tok.start[0]: tok.string[1:].strip()
+      for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+      if tok.type == tokenize.COMMENT
+      and lines[tok.start[0] - 1].lstrip().startswith('#')
+  }
+  get_config = next(
+      node for node in ast.parse(source).body
+      if isinstance(node, ast.FunctionDef) and node.name == 'get_config'
+  )
+  fields = {}
+  previous_name, previous_end = None, -1
+  for node in get_config.body:
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+      continue
+    name = _field_name(node.targets[0])
+    if name is None:
+      previous_name = None
+      continue
+    block = []
+    line = node.lineno - 1
+    while line in comment_lines:
+      block.insert(0, comment_lines[line])
+      line -= 1
+    if block:
+      fields[name] = ' '.join(block)
+    elif previous_name and previous_end == node.lineno - 1:
+      fields[name] = fields[previous_name]
+    else:
+      raise ValueError(
+          f'configs/base.py line {node.lineno}: config.{name} has no comment '
+          'above it. Add one line saying what the field does.'
+      )
+    previous_name, previous_end = name, node.end_lineno
+  return fields
+
+
+def _cell(text):
+  return text.replace('|', r'\|')
+
+
+def render_markdown():
+  """The '## Configuration' section (Markdown, ending with a newline)."""
+  source = inspect.getsource(base)
+  comments = field_comments(source)
+  config = base.get_config()
+  documented = set(comments)
+  actual = {
+      f'{section}.{field}'
+      for section, fields in config.items() for field in fields.keys()
+  }
+  if documented != actual:
+    raise ValueError(
+        'configs/base.py: fields set outside the plain '
+        '`config.section.field = value` form cannot be documented: '
+        f'{sorted(actual ^ documented)}.'
+    )
+  out = [HEADING, '', _INTRO]
+  section = None
+  for name, comment in comments.items():
+    head, field = name.split('.')
+    if head != section:
+      section = head
+      out += ['', f'### {section}', '', '| Field | Default | Description |',
+              '| --- | --- | --- |']
+    default = repr(config[head][field])
+    out.append(f'| `{name}` | `{_cell(default)}` | {_cell(comment)} |')
+  return '\n'.join(out) + '\n'
+
+
+def replace_section(text, section):
+  """`text` (Markdown) with its Configuration section replaced by `section`.
+
+  The section runs from the HEADING line to the next '## ' heading; it is
+  appended at the end when missing.
+
+  Args:
+    text: the README.
+    section: the new section, from `render_markdown()`.
+
+  Returns:
+    The new README text.
+  """
+  lines = text.splitlines(keepends=True)
+  starts = [i for i, line in enumerate(lines) if line.rstrip() == HEADING]
+  if not starts:
+    return text.rstrip('\n') + '\n\n' + section
+  start = starts[0]
+  end = next(
+      (i for i in range(start + 1, len(lines))
+       if lines[i].startswith('## ')),
+      len(lines),
+  )
+  tail = ''.join(lines[end:])
+  return ''.join(lines[:start]) + section + ('\n' + tail if tail else '')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  section = render_markdown()
+  if not _README.value:
+    print(section, end='')
+    return
+  with open(_README.value) as f:
+    text = f.read()
+  with open(_README.value, 'w') as f:
+    f.write(replace_section(text, section))
+
+
+if __name__ == '__main__':
+  app.run(main)

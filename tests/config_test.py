@@ -1,0 +1,302 @@
+"""Tests for configs/*.py, agent_tunix.config_lib and agent_tunix.config_doc."""
+
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from agent_tunix import config_doc
+from agent_tunix import config_lib
+from configs import base
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PRESETS = ('base', 'gemma3_270m', 'gemma3_1b', 'gemma3_4b', 'quick_test',
+            'tiny')
+
+
+def _preset(name, arg=None):
+  return importlib.import_module(f'configs.{name}').get_config(arg)
+
+
+def _flat_fields(config):
+  """{'section.field': value} of a two-level config."""
+  return {
+      f'{section}.{field}': value
+      for section, fields in config.items() for field, value in fields.items()
+  }
+
+
+def _run(*args):
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env['PYTHONPATH'] = os.pathsep.join(
+      p for p in (_REPO, env.get('PYTHONPATH')) if p)
+  return subprocess.run(
+      [sys.executable, *args], cwd=_REPO, env=env, capture_output=True,
+      text=True, timeout=300, check=False)
+
+
+# ------------------------------------------------------------------ presets
+
+
+@pytest.mark.parametrize('name', _PRESETS)
+def test_preset_loads_and_validates(name):
+  config = _preset(name)
+  assert _flat_fields(config).keys() == _flat_fields(base.get_config()).keys()
+  config_lib.validate(config, num_devices=1)
+
+
+@pytest.mark.parametrize('name', ['gemma3_1b', 'gemma3_4b'])
+def test_accelerator_presets_validate_on_a_pod_slice(name):
+  config_lib.validate(_preset(name), num_devices=8)
+  config_lib.validate(_preset(name, 'it'), num_devices=8)
+
+
+@pytest.mark.parametrize('name', _PRESETS[1:])
+def test_preset_quick_validates(name):
+  config = _preset(name, 'quick')
+  assert config.training.num_steps == 4
+  assert config.grpo.num_generations == 2
+  config_lib.validate(config, num_devices=1)
+
+
+def test_apply_arg_it():
+  assert _preset('gemma3_270m', 'it').model.preset == 'gemma3_270m_it'
+  config = _preset('gemma3_1b', 'it')
+  assert config.model.preset == 'gemma3_1b_it'
+  assert config.model.path.endswith('-it')
+  config = _preset('gemma3_4b', 'it')
+  assert config.model.preset == 'gemma3_4b_it'
+  assert config.model.path.endswith('-it')
+
+
+def test_apply_arg_overrides():
+  config = _preset('gemma3_270m', 'model.lora_rank=8, quick ,'
+                   'model.lora_alpha=4,checkpoint.async_save=false,'
+                   'data.source=gsm8k_hf')
+  assert config.model.lora_rank == 8 and isinstance(config.model.lora_rank,
+                                                     int)
+  assert config.model.lora_alpha == 4.0 and isinstance(
+      config.model.lora_alpha, float)
+  assert config.checkpoint.async_save is False
+  assert config.data.source == 'gsm8k_hf'
+  assert config.training.num_steps == 4
+
+
+@pytest.mark.parametrize('arg, error, words', [
+    ('quik', ValueError, ['quik', "'quick'"]),
+    ('model.lora_rnak=8', KeyError, ['model.lora_rnak']),
+    ('modle.lora_rank=8', KeyError, ['modle']),
+])
+def test_apply_arg_errors(arg, error, words):
+  with pytest.raises(error) as e:
+    _preset('tiny', arg)
+  for word in words:
+    assert word in str(e.value)
+
+
+# --------------------------------------------------------------- validation
+
+
+def _set(**fields):
+  """A config edit: _set(training__batch_size=3) sets training.batch_size."""
+  def edit(config):
+    for key, value in fields.items():
+      section, field = key.split('__')
+      config[section][field] = value
+  return edit
+
+
+# (case, edit, num_devices, field named in the message, word of the fix)
+_INVALID = [
+    ('batch_not_divisible_by_data_axis',
+     _set(training__batch_size=1, training__micro_batch_size=1,
+          grpo__num_generations=2), 4, 'training.batch_size', 'mesh'),
+    ('micro_batch_not_divisible_by_data_axis',
+     _set(training__batch_size=2, training__micro_batch_size=1,
+          grpo__num_generations=2), 4, 'training.micro_batch_size', 'mesh'),
+    ('mesh_larger_than_devices', _set(mesh__shape=(4, 2)), 4, 'mesh.shape',
+     'only 4'),
+    ('mesh_two_free_axes', _set(mesh__shape=(-1, -1)), 4, 'mesh.shape',
+     'more than one -1'),
+    ('mesh_axis_names', _set(mesh__axis_names=('data', 'model')), 1,
+     'mesh.axis_names', 'fsdp'),
+    ('mesh_names_and_shape_differ', _set(mesh__shape=(-1, 1, 1)), 1,
+     'mesh.axis_names', 'one name per axis'),
+    ('one_generation', _set(grpo__num_generations=1), 1,
+     'grpo.num_generations', 'at least 2'),
+    ('generation_beyond_kv_cache',
+     _set(generation__max_prompt_length=200,
+          generation__max_generation_steps=100), 1,
+     'generation.kv_cache_size', 'Raise'),
+    ('eval_beyond_kv_cache', _set(eval__max_generation_steps=200), 1,
+     'eval.max_generation_steps', 'kv_cache_size'),
+    ('unknown_preset', _set(model__preset='gemma3_2b'), 1, 'model.preset',
+     'gemma3_1b_pt'),
+    ('unknown_source', _set(model__source='safetensors'), 1, 'model.source',
+     "'gguf'"),
+    ('unknown_dtype', _set(model__dtype='float16'), 1, 'model.dtype',
+     "'bfloat16'"),
+    ('unknown_reward', _set(rewards__functions='format_exact=1,bogus=1'), 1,
+     'rewards.functions', 'bogus'),
+    ('bad_reward_weight', _set(rewards__functions='answer=lots'), 1,
+     'rewards.functions', 'lots'),
+    ('unknown_data_source', _set(data__source='imagenet'), 1, 'data.source',
+     'synthetic'),
+    ('micro_batch_not_dividing_batch',
+     _set(training__batch_size=4, training__micro_batch_size=3), 1,
+     'training.micro_batch_size', 'divides'),
+    ('negative_lora_rank', _set(model__lora_rank=-1), 1, 'model.lora_rank',
+     '0 disables'),
+    ('top_p_zero', _set(generation__top_p=0.0), 1, 'generation.top_p',
+     '(0, 1]'),
+    ('negative_temperature', _set(generation__temperature=-1.0), 1,
+     'generation.temperature', '>= 0'),
+    ('unknown_loss_agg_mode', _set(grpo__loss_agg_mode='mean'), 1,
+     'grpo.loss_agg_mode', 'token-mean'),
+    ('zero_learning_rate', _set(optimizer__learning_rate=0.0), 1,
+     'optimizer.learning_rate', '> 0'),
+]
+
+
+@pytest.mark.parametrize(
+    'edit, num_devices, field, fix', [case[1:] for case in _INVALID],
+    ids=[case[0] for case in _INVALID])
+def test_validation_names_field_and_fix(edit, num_devices, field, fix):
+  # Tiny, with a batch that also splits over 4 devices: valid before the edit.
+  config = _preset('tiny', 'training.batch_size=4,training.micro_batch_size=2')
+  config_lib.validate(config, num_devices=num_devices)
+  edit(config)
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(config, num_devices=num_devices)
+  message = str(e.value)
+  assert f'config.{field}' in message
+  assert fix in message
+
+
+def test_validation_batch_split_over_processes():
+  config = _preset('tiny')
+  config.training.batch_size = 3
+  config.training.micro_batch_size = 1
+  with pytest.raises(config_lib.ConfigError, match='training.batch_size=3'):
+    config_lib.validate(config, num_devices=2, process_count=2)
+
+
+def test_mesh_with_free_axis_resolves():
+  config = _preset('tiny')
+  config.mesh.shape = (2, -1)
+  config.training.batch_size = 4
+  config_lib.validate(config, num_devices=8)
+
+
+# ------------------------------------------------------------- command line
+
+
+def test_misspelled_override_fails():
+  result = _run('-m', 'agent_tunix.main', '--config=configs/tiny.py',
+                '--config.grpo.num_generationz=4', '--print_config')
+  assert result.returncode != 0
+  assert 'num_generationz' in result.stderr
+  assert 'num_generations' in result.stderr  # The suggestion.
+  assert not result.stdout
+
+
+def test_print_config_prints_and_exits():
+  result = _run('-m', 'agent_tunix.main', '--config=configs/gemma3_270m.py',
+                '--config.grpo.num_generations=8', '--print_config')
+  assert result.returncode == 0, result.stderr
+  printed = json.loads(result.stdout)
+  assert printed['grpo']['num_generations'] == 8
+  assert printed['model']['preset'] == 'gemma3_270m'
+  assert 'Loading GGUF' not in result.stderr  # No weights were read.
+
+
+# ---------------------------------------------------------- documentation
+
+
+def _readme_section():
+  """The README's '## Configuration' section, or None."""
+  path = os.path.join(_REPO, 'README.md')
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    lines = f.read().splitlines()
+  if '## Configuration' not in lines:
+    return None
+  start = lines.index('## Configuration')
+  end = next((i for i in range(start + 1, len(lines))
+              if lines[i].startswith('## ')), len(lines))
+  return '\n'.join(lines[start:end]).rstrip() + '\n'
+
+
+def test_config_doc_covers_every_field():
+  section = config_doc.render_markdown()
+  fields = _flat_fields(base.get_config())
+  rows = [line for line in section.splitlines() if line.startswith('| `')]
+  names = [re.match(r'\| `([^`]+)`', row).group(1) for row in rows]
+  assert sorted(names) == sorted(fields)
+  for row, name in zip(rows, names):
+    description = row.rsplit(' | ', 1)[1].rstrip(' |')
+    assert description, name
+    assert f'`{repr(fields[name])}`'.replace('|', r'\|') in row, name
+  # Fields that share a comment block get the same description.
+  by_name = dict(zip(names, rows))
+  assert by_name['optimizer.b2'].endswith('AdamW betas and weight decay. |')
+
+
+def test_field_comments_requires_a_comment():
+  source = (
+      'def get_config():\n'
+      '  config = ml_collections.ConfigDict()\n'
+      '  # The first.\n'
+      '  config.a.x = 1\n'
+      '  config.a.y = 2\n'
+      '\n'
+      '  config.a.z = 3\n'
+  )
+  with pytest.raises(ValueError, match='config.a.z has no comment'):
+    config_doc.field_comments(source)
+  assert config_doc.field_comments(source.rsplit('\n\n', 1)[0]) == {
+      'a.x': 'The first.', 'a.y': 'The first.'}
+
+
+def test_replace_section():
+  section = '## Configuration\n\nnew\n'
+  text = '# T\n\n## Configuration\n\nold\n\n## Layout\n\nrest\n'
+  assert config_doc.replace_section(text, section) == (
+      '# T\n\n## Configuration\n\nnew\n\n## Layout\n\nrest\n')
+  assert config_doc.replace_section('# T\n', section) == (
+      '# T\n\n## Configuration\n\nnew\n')
+
+
+def test_readme_lists_every_config_field():
+  section = _readme_section()
+  assert section is not None, (
+      "README.md has no '## Configuration' section. Generate it with: "
+      'python -m agent_tunix.config_doc --readme=README.md')
+  named = set(re.findall(r'`([a-z_]+\.[a-z0-9_]+)`', section))
+  fields = set(_flat_fields(base.get_config()))
+  assert not fields - named, f'README misses {sorted(fields - named)}'
+  sections = {name.split('.')[0] for name in fields}
+  stale = {n for n in named if n.split('.')[0] in sections} - fields
+  assert not stale, f'README documents fields that do not exist: {stale}'
+
+
+def test_readme_section_is_generated():
+  section = _readme_section()
+  assert section == config_doc.render_markdown(), (
+      'README.md\'s "## Configuration" section is out of date. Regenerate '
+      'it with: python -m agent_tunix.config_doc --readme=README.md')
+
+
+def test_config_doc_cli(tmp_path):
+  readme = tmp_path / 'README.md'
+  readme.write_text('# Title\n\n## Configuration\n\nstale\n\n## Next\n')
+  result = _run('-m', 'agent_tunix.config_doc', f'--readme={readme}')
+  assert result.returncode == 0, result.stderr
+  assert readme.read_text() == (
+      '# Title\n\n' + config_doc.render_markdown() + '\n## Next\n')
+
