@@ -1,0 +1,180 @@
+"""Tests for agent_tunix.evaluation (a scripted sampler, no model)."""
+
+import os
+
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import ml_collections  # pylint: disable=g-import-not-at-top
+import numpy as np
+import pytest
+
+from agent_tunix import evaluation
+from agent_tunix import rollout
+
+_GOOD = '<reasoning>adds up</reasoning>\n<answer>{}</answer>'
+
+
+@pytest.mark.parametrize(
+    'completion, answer, expected',
+    [
+        ('<answer>72</answer>', '72', True),
+        ('<reasoning>r</reasoning><answer>72</answer>', 72, True),
+        ('<answer> 72.0 </answer>', '72', True),
+        ('<answer>$72</answer>', '72', True),
+        ('<answer>72.</answer>', '72', True),
+        ('<answer>1,234</answer>', '1234', True),
+        ('<answer>-3</answer>', '-3', True),
+        ('<answer>1/2</answer>', '0.5', True),
+        ('<answer>12%</answer>', '12', True),
+        ('<answer>72</answer>', '73', False),
+        ('<answer>-72</answer>', '72', False),
+        ('72', '72', False),  # No answer block.
+        ('<answer>72', '72', False),  # Cut off before </answer>.
+        ('<answer>about 72</answer>', '72', False),
+        ('<answer>72 or 73</answer>', '72', False),
+        ('<answer></answer>', '0', False),
+        ('<answer>5</answer> <answer>72</answer>', '72', False),  # First.
+        ('<answer>72</answer>', 'seventy-two', False),  # Truth not a number.
+    ],
+)
+def test_is_correct(completion, answer, expected):
+  assert evaluation.is_correct(completion, answer) is expected
+
+
+class _FakeTokenizer:
+  """Prompt 'q<i>' -> token ids [BOS, 10 + i]."""
+
+  def bos_id(self):
+    return 2
+
+  def encode(self, text):
+    return [10 + int(text[1:])] if text.startswith('q') else [7] * len(text)
+
+
+class _ScriptedSampler:
+  """Stands in for rollout.Rollout: texts looked up per question.
+
+  The question of a row is its last prompt token. Greedy calls (temperature
+  0) return `greedy[i]`; sampled calls return `sampled[i][j]` for the j-th
+  time question i is seen, and a correct answer once its script runs out
+  (only padding rows get there, and their texts must not be counted).
+  """
+
+  def __init__(self, greedy, sampled, answers):
+    self.greedy = greedy
+    self.sampled = sampled
+    self.answers = answers
+    self.calls = []
+    self._seen = {}
+
+  def generate(self, prompt_tokens, max_steps, seed, temperature=0.0,
+               top_k=0, top_p=1.0):
+    prompt_tokens = np.asarray(prompt_tokens)
+    self.calls.append(dict(tokens=prompt_tokens.copy(), max_steps=max_steps,
+                           seed=seed, temperature=temperature, top_k=top_k,
+                           top_p=top_p))
+    texts = []
+    for row in prompt_tokens:
+      i = int(row[-1]) - 10
+      if temperature <= 0:
+        texts.append(self.greedy[i])
+        continue
+      j = self._seen.get(i, 0)
+      self._seen[i] = j + 1
+      script = self.sampled[i]
+      texts.append(script[j] if j < len(script)
+                   else _GOOD.format(self.answers[i]))
+    n = len(texts)
+    return rollout.Completions(
+        tokens=np.zeros((n, max_steps), np.int32),
+        mask=np.zeros((n, max_steps), np.float32),
+        lengths=np.zeros((n,), np.int32),
+        truncated=np.ones((n,), bool),
+        texts=texts,
+    )
+
+
+def _config(batch_size, pass_at_k):
+  config = ml_collections.ConfigDict()
+  config.generation = ml_collections.ConfigDict(dict(
+      max_prompt_length=4, temperature=0.7, top_k=5, top_p=0.9))
+  config.eval = ml_collections.ConfigDict(dict(
+      batch_size=batch_size, max_generation_steps=6, pass_at_k=pass_at_k))
+  return config
+
+
+def _examples(answers):
+  return [{'prompt': f'q{i}', 'answer': a} for i, a in enumerate(answers)]
+
+
+def test_evaluate_scores_and_padded_batches():
+  answers = ['4', '10', '7']
+  greedy = [
+      _GOOD.format(4),  # Correct, exact format.
+      '<answer>10</answer>',  # Correct, not the exact format.
+      _GOOD.format(8),  # Wrong, exact format.
+  ]
+  sampled = [
+      ['no tags', 'no tags'],  # No sample correct.
+      ['<answer>3</answer>', '<answer>10</answer>'],  # Second one correct.
+      ['<answer>7</answer>', 'x'],  # First one correct.
+  ]
+  sampler = _ScriptedSampler(greedy, sampled, answers)
+  config = _config(batch_size=4, pass_at_k=2)
+
+  scores, texts = evaluation.evaluate(
+      sampler, _FakeTokenizer(), _examples(answers), config, seed=5)
+
+  assert texts == greedy
+  assert scores == {
+      'accuracy': pytest.approx(2 / 3),
+      'format_accuracy': pytest.approx(2 / 3),
+      'pass_at_k': pytest.approx(2 / 3),
+  }
+  # 3 greedy rows -> one batch of 4 (1 pad); 3 * k = 6 sampled rows -> two
+  # batches of 4 (2 pads). Every call has exactly eval.batch_size rows.
+  assert [c['tokens'].shape for c in sampler.calls] == [(4, 4)] * 3
+  greedy_call, *sampled_calls = sampler.calls
+  assert greedy_call['temperature'] == 0
+  np.testing.assert_array_equal(greedy_call['tokens'][:, -1], [10, 11, 12, 12])
+  np.testing.assert_array_equal(
+      np.concatenate([c['tokens'][:, -1] for c in sampled_calls]),
+      [10, 10, 11, 11, 12, 12, 12, 12])
+  for call in sampled_calls:
+    assert (call['temperature'], call['top_k'], call['top_p']) == (
+        0.7, 5, 0.9)
+  # Two sampled batches must not share a seed (or they would repeat the
+  # same random draws).
+  assert sampled_calls[0]['seed'] != sampled_calls[1]['seed']
+  assert all(c['max_steps'] == 6 for c in sampler.calls)
+  # Prompts are BOS + ids, left padded with 0 to max_prompt_length.
+  np.testing.assert_array_equal(greedy_call['tokens'][0], [0, 0, 2, 10])
+
+
+def test_evaluate_pass_at_k_counts_questions_not_samples():
+  answers = ['1', '2']
+  # Question 0: every sample correct; question 1: none.
+  sampled = [[_GOOD.format(1)] * 3, ['<answer>5</answer>'] * 3]
+  sampler = _ScriptedSampler(['', ''], sampled, answers)
+  scores, _ = evaluation.evaluate(
+      sampler, _FakeTokenizer(), _examples(answers), _config(2, 3))
+  assert scores == {'accuracy': 0.0, 'format_accuracy': 0.0,
+                    'pass_at_k': 0.5}
+
+
+def test_evaluate_without_pass_at_k_samples_greedily_only():
+  sampler = _ScriptedSampler([_GOOD.format(3)], [[]], ['3'])
+  scores, _ = evaluation.evaluate(
+      sampler, _FakeTokenizer(), _examples(['3']), _config(8, 0))
+  assert scores == {'accuracy': 1.0, 'format_accuracy': 1.0}
+  assert len(sampler.calls) == 1
+  assert sampler.calls[0]['tokens'].shape == (8, 4)
+
+
+def test_evaluate_rejects_empty_and_too_long():
+  sampler = _ScriptedSampler([], [], [])
+  with pytest.raises(ValueError, match='num_eval_examples'):
+    evaluation.evaluate(sampler, _FakeTokenizer(), [], _config(2, 0))
+  long_prompt = [{'prompt': 'far too long', 'answer': '1'}]
+  with pytest.raises(ValueError, match='max_prompt_length=4'):
+    evaluation.evaluate(sampler, _FakeTokenizer(), long_prompt, _config(2, 0))

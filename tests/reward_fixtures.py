@@ -1,0 +1,21 @@
+"""User reward functions for the end-to-end tests ('reward_fixtures:<fn>').
+
+pytest puts tests/ on sys.path (the directory has no __init__.py), so
+`rewards.functions='reward_fixtures:text_length=1'` resolves in tests; tests
+that start subprocesses add tests/ to their PYTHONPATH.
+"""
+
+
+def text_length(prompts, completions, **unused):
+  """Characters / 10: differs between a random model's completions.
+
+  Varied rewards give non-zero advantages, so the policy actually changes.
+  """
+  del prompts, unused
+  return [len(c) / 10 for c in completions]
+
+
+def nan_reward(prompts, completions, **unused):
+  """NaN for every completion: must stop training."""
+  del prompts, unused
+  return [float('nan')] * len(completions)

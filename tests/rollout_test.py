@@ -1,0 +1,129 @@
+"""Tests for agent_tunix.rollout: end-token cuts; tiny-model sampling."""
+
+import os
+
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+import pytest
+
+from agent_tunix import models
+from agent_tunix import rollout
+from agent_tunix import sharding
+from agent_tunix.data import pipeline
+from configs import tiny
+
+EOS, END_OF_TURN = 1, 106  # Gemma 3's <eos> and <end_of_turn>.
+PAD = pipeline.PAD_ID
+
+
+class _IdsTokenizer:
+  """decode() spells the ids out, so texts show exactly what was kept."""
+
+  def decode(self, ids):
+    return ' '.join(str(i) for i in ids)
+
+
+def _cut(raw):
+  return rollout.completions_from_tokens(
+      np.array(raw), [EOS, END_OF_TURN], _IdsTokenizer())
+
+
+def test_cut_at_first_end_token_keeps_it_in_mask_and_length():
+  out = _cut([
+      [5, 6, EOS, 7, 8],  # <eos> in the middle; what follows is dropped.
+      [5, END_OF_TURN, EOS, 9, 9],  # The first of the two end tokens counts.
+      [5, 6, 7, 8, 9],  # No end token: truncated.
+      [END_OF_TURN, 3, 3, 3, 3],  # Ends at once.
+      [5, 6, 7, 8, EOS],  # Ends on the last position: not truncated.
+  ])
+  np.testing.assert_array_equal(out.lengths, [3, 2, 5, 1, 5])
+  np.testing.assert_array_equal(out.truncated,
+                                [False, False, True, False, False])
+  np.testing.assert_array_equal(out.mask, [
+      [1, 1, 1, 0, 0],
+      [1, 1, 0, 0, 0],
+      [1, 1, 1, 1, 1],
+      [1, 0, 0, 0, 0],
+      [1, 1, 1, 1, 1],
+  ])
+  np.testing.assert_array_equal(out.tokens, [
+      [5, 6, EOS, PAD, PAD],
+      [5, END_OF_TURN, PAD, PAD, PAD],
+      [5, 6, 7, 8, 9],
+      [END_OF_TURN, PAD, PAD, PAD, PAD],
+      [5, 6, 7, 8, EOS],
+  ])
+  # Texts leave the end token out.
+  assert out.texts == ['5 6', '5', '5 6 7 8 9', '', '5 6 7 8']
+  assert out.tokens.dtype == np.int32 and out.lengths.dtype == np.int32
+  assert out.mask.dtype == np.float32
+  np.testing.assert_array_equal(out.mask.sum(axis=1), out.lengths)
+
+
+def test_repeat_groups_makes_contiguous_groups():
+  batch = {
+      'prompt': np.array(['a', 'b'], dtype=object),
+      'prompt_tokens': np.array([[0, 1], [2, 3]], np.int32),
+  }
+  rows = rollout.repeat_groups(batch, 3)
+  assert list(rows['prompt']) == ['a', 'a', 'a', 'b', 'b', 'b']
+  np.testing.assert_array_equal(
+      rows['prompt_tokens'], [[0, 1]] * 3 + [[2, 3]] * 3)
+  assert rows['prompt_tokens'].dtype == np.int32
+
+
+# ------------------------------------------------ sampling with a tiny model
+
+_PROMPT_LEN = 16
+_STEPS = 6
+
+
+@pytest.fixture(scope='module')
+def tiny_rollout():
+  config = tiny.get_config()
+  mesh = sharding.make_mesh(config.mesh)
+  model, tokenizer = models.build(config, mesh)
+  return rollout.Rollout(model, tokenizer, cache_size=32), tokenizer
+
+
+@pytest.fixture(scope='module')
+def prompts(tiny_rollout):
+  _, tokenizer = tiny_rollout
+  rows = [
+      pipeline.encode_prompt(text, tokenizer, _PROMPT_LEN)[0]
+      for text in ('What is 2 + 3?', 'Name a colour.')
+  ]
+  return np.repeat(np.stack(rows), 2, axis=0)  # Two rows per prompt.
+
+
+def test_end_token_ids_of_the_gemma_tokenizer(tiny_rollout):
+  sampler, tokenizer = tiny_rollout
+  assert rollout.end_token_ids(tokenizer) == [EOS, END_OF_TURN]
+  assert sampler.end_ids == [EOS, END_OF_TURN]
+
+
+def test_greedy_generate_is_deterministic(tiny_rollout, prompts):
+  sampler, _ = tiny_rollout
+  first = sampler.generate(prompts, _STEPS, seed=0)
+  again = sampler.generate(prompts, _STEPS, seed=1)  # Greedy: seed unused.
+  assert first.tokens.shape == (4, _STEPS)
+  np.testing.assert_array_equal(first.tokens, again.tokens)
+  assert first.texts == again.texts
+  # The same prompt twice gives the same greedy completion.
+  np.testing.assert_array_equal(first.tokens[0], first.tokens[1])
+  np.testing.assert_array_equal(first.mask.sum(axis=1), first.lengths)
+
+
+def test_sampling_depends_on_the_seed_only(tiny_rollout, prompts):
+  sampler, _ = tiny_rollout
+
+  def sample(seed):
+    return sampler.generate(prompts, _STEPS, seed=seed, temperature=1.0,
+                            top_k=0, top_p=1.0).tokens
+
+  first = sample(7)
+  np.testing.assert_array_equal(first, sample(7))
+  assert not np.array_equal(first, sample(8))
+  # Rows of one group share a prompt but not their random draws.
+  assert not np.array_equal(first[0], first[1])

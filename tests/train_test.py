@@ -1,0 +1,151 @@
+"""End-to-end tests of the GRPO loop on the tiny random model (CPU).
+
+One 2-step `train_and_evaluate` run is shared by most tests. Its rewards
+include `reward_fixtures:text_length` (tests/reward_fixtures.py), which
+differs between the random model's completions, so advantages are non-zero
+and the LoRA parameters really move.
+"""
+
+import os
+
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import collections  # pylint: disable=g-import-not-at-top
+import math
+import pathlib
+
+from flax import nnx
+import jax
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+from agent_tunix import checkpoint
+from agent_tunix import rewards
+from agent_tunix import train
+from configs import tiny
+
+_REWARDS = 'format_approx=1,answer=1,reward_fixtures:text_length=1'
+_PER_STEP_SCALARS = (
+    'reward/mean', 'reward/std', 'reward/format_approx/mean',
+    'reward/answer/mean', 'reward/reward_fixtures_text_length/mean',
+    'frac_reward_zero_std', 'completion/mean_length',
+    'completion/clipped_ratio', 'loss', 'kl', 'clip_ratio', 'entropy',
+    'grad_norm', 'learning_rate', 'time/rollout_s', 'time/update_s',
+    'tokens_per_s',
+)
+_EVAL_SCALARS = ('eval/accuracy', 'eval/format_accuracy', 'eval/pass_at_k')
+
+
+def read_events(workdir):
+  """{tag: {step: (value, plugin name, metadata content)}}, last one wins.
+
+  Event files are read in name order (their names start with the creation
+  time), so a step written again by a later run overrides the earlier value.
+  """
+  found = collections.defaultdict(dict)
+  for path in sorted(pathlib.Path(workdir).glob('events.out.tfevents.*')):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      for value in event.summary.value:
+        plugin = value.metadata.plugin_data
+        found[value.tag][event.step] = (
+            tf.make_ndarray(value.tensor), plugin.plugin_name, plugin.content)
+  return found
+
+
+def _config(**overrides):
+  config = tiny.get_config()
+  config.rewards.functions = _REWARDS
+  for key, value in overrides.items():
+    section, field = key.split('.')
+    config[section][field] = value
+  return config
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+  """(config, workdir, result) of one 2-step training run."""
+  workdir = tmp_path_factory.mktemp('train')
+  config = _config()
+  result = train.train_and_evaluate(config, str(workdir))
+  return config, workdir, result
+
+
+def test_returns_final_step_and_finite_scalars(run):
+  _, _, result = run
+  assert result['step'] == 2
+  assert result['preempted'] is False
+  assert set(result['scalars']) == set(_PER_STEP_SCALARS)
+  for name, value in result['scalars'].items():
+    assert math.isfinite(value), (name, value)
+  assert set(result['eval']) == {'accuracy', 'format_accuracy', 'pass_at_k'}
+  for value in result['eval'].values():
+    assert 0 <= value <= 1
+
+
+def test_event_file_has_every_metric(run):
+  config, workdir, _ = run
+  events = read_events(workdir)
+  for tag in _PER_STEP_SCALARS:
+    assert sorted(events[tag]) == [1, 2], tag
+    for step, (value, plugin, _) in events[tag].items():
+      assert plugin == 'scalars', (tag, plugin)
+      assert np.isfinite(value), (tag, step, value)
+  for tag in _EVAL_SCALARS:
+    assert sorted(events[tag]) == [0, 2], tag  # Before and after training.
+  assert sorted(events['samples']) == [0, 1, 2]
+  value, plugin, _ = events['samples'][1]
+  assert plugin == 'text'
+  assert '**sample 0** reward:' in value.item().decode()
+  # Varied rewards: this run trains on non-zero advantages.
+  assert events['reward/std'][1][0] > 0
+  assert events['grad_norm'][1][0] > 0
+  assert events['learning_rate'][1][0] == pytest.approx(
+      config.optimizer.learning_rate)
+  (_, plugin, content), = events['_hparams_/session_start_info'].values()
+  assert plugin == 'hparams'
+  hparams = plugin_data_pb2.HParamsPluginData.FromString(
+      content).session_start_info.hparams
+  assert hparams['training.num_steps'].number_value == 2
+  assert hparams['rewards.functions'].string_value == _REWARDS
+
+
+def test_checkpoints_written(run):
+  _, workdir, _ = run
+  steps = sorted(int(p.name) for p in (workdir / 'checkpoints').iterdir()
+                 if p.name.isdigit())
+  assert steps == [1, 2]
+
+
+def test_lora_params_move_away_from_their_init(run, tmp_path):
+  config, workdir, _ = run
+  # A fresh session starts from the same seeded LoRA init as the run did.
+  session = train.setup(config, str(tmp_path), with_data=False)
+  initial = jax.device_get(
+      nnx.to_pure_dict(checkpoint.lora_state(session.model)))
+  assert train.restore_lora(session, str(workdir)) == 2
+  final = jax.device_get(
+      nnx.to_pure_dict(checkpoint.lora_state(session.model)))
+  pairs = list(zip(jax.tree.leaves(initial), jax.tree.leaves(final)))
+  assert pairs
+  changed = [not np.array_equal(a, b) for a, b in pairs]
+  assert all(np.all(np.isfinite(b)) for _, b in pairs)
+  # Every adapter gets a gradient (B starts at zero, A sees the B gradient
+  # after the first update), so every array changes in two steps.
+  assert all(changed), f'{changed.count(False)} of {len(pairs)} unchanged'
+
+
+def test_non_finite_reward_stops_the_run(tmp_path):
+  # Greedy rollouts of the same shape as the evaluation, so the sampler is
+  # compiled once for both.
+  config = _config(**{
+      'rewards.functions': 'format_approx=1,reward_fixtures:nan_reward=1',
+      'generation.temperature': 0.0,
+      'eval.pass_at_k': 0,
+      'eval.batch_size': 4,
+  })
+  with pytest.raises(rewards.RewardError, match='reward_fixtures:nan_reward'):
+    train.train_and_evaluate(config, str(tmp_path))
+  # Nothing was trained, so nothing was saved.
+  assert not list((tmp_path / 'checkpoints').glob('[0-9]*'))
