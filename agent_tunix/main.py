@@ -32,6 +32,20 @@ _MULTIHOST = flags.DEFINE_bool(
     'Call jax.distributed.initialize() (TPU pods); same as '
     '--config.mesh.multihost=true.',
 )
+_COORDINATOR_ADDRESS = flags.DEFINE_string(
+    'coordinator_address', None,
+    'With --multihost outside a TPU pod: HOST:PORT of process 0, where it '
+    'starts the coordinator service (the same on every process).',
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+    'num_processes', None,
+    'With --multihost outside a TPU pod: the number of processes.',
+)
+_PROCESS_ID = flags.DEFINE_integer(
+    'process_id', None,
+    "With --multihost outside a TPU pod: this process's index, 0 to "
+    'num_processes - 1.',
+)
 
 
 def main(argv):
@@ -44,7 +58,15 @@ def main(argv):
   if not _WORKDIR.value:
     raise app.UsageError('--workdir is required (local path or gs://).')
   if _MULTIHOST.value or config.mesh.multihost:
-    sharding.initialize_distributed()
+    sharding.initialize_distributed(
+        _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value, _PROCESS_ID.value
+    )
+  elif any(f.present for f in (_COORDINATOR_ADDRESS, _NUM_PROCESSES,
+                               _PROCESS_ID)):
+    raise app.UsageError(
+        '--coordinator_address, --num_processes and --process_id only take '
+        'effect with --multihost; add it.'
+    )
   config_lib.validate(config, process_count=jax.process_count())
   from agent_tunix import train  # pylint: disable=g-import-not-at-top
   result = train.train_and_evaluate(config, _WORKDIR.value)

@@ -10,6 +10,12 @@ The sampler's public `__call__` takes strings and drops the end token it
 stopped on; GRPO trains on that token too (it is how the policy learns to
 stop), so this module drives the sampler's prefill and decode functions on
 token ids directly and reads the raw token buffer.
+
+Sharding: the sampler runs as one program over the model's mesh. Prompt rows
+are split over the batch axes and the KV cache over rows and kv heads
+(`sharding.kv_cache_sharding`); tunix would create both whole on one device.
+On several processes every process passes the same global prompt batch and
+gets the completions of the rows it asks for (see `Rollout.generate`).
 """
 
 import dataclasses
@@ -19,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from tunix.generate import sampler as sampler_lib
 
+from agent_tunix import sharding
 from agent_tunix.data import pipeline
 
 
@@ -64,56 +71,163 @@ class Rollout:
         ),
     )
     self.end_ids = end_token_ids(tokenizer)
-    self.sampler.eos_ids = jnp.array(self.end_ids)
+    # NumPy, not a jax array on one device: a constant in every program.
+    self.sampler.eos_ids = np.array(self.end_ids, np.int32)
+    self.mesh = sharding.model_mesh(model)
+    self._heads_spec = tuple(cfg.shd_config.act_btnh)
+    self._init_arrays = jax.jit(
+        self._sharded_arrays, static_argnames=('total_steps',)
+    )
 
   def generate(self, prompt_tokens, max_steps, seed, temperature=0.0,
-               top_k=0, top_p=1.0):
+               top_k=0, top_p=1.0, rows=None):
     """Samples `max_steps` tokens after each left-padded prompt row.
 
+    On several processes every process must call this with the same
+    arguments: the rows are sampled once, split over the mesh, and each
+    process gets back the completions of `rows`.
+
     Args:
-      prompt_tokens: int32 [N, P], left-padded with the pad id (0).
+      prompt_tokens: int32 [N, P], left-padded with the pad id (0); the
+        whole (global) batch.
       max_steps: completion length C.
       seed: int; the same seed and prompts give the same completions.
       temperature: 0 for greedy decoding.
       top_k: top-k cut when sampling (0 = off).
       top_p: nucleus cut when sampling (1.0 = off).
+      rows: indices of the rows to return; None means all N.
 
     Returns:
-      `Completions`.
+      `Completions` of the chosen rows.
     """
     prompt_tokens = np.asarray(prompt_tokens, dtype=np.int32)
     num_prompt = prompt_tokens.shape[1]
     sampler = self.sampler
     greedy = temperature <= 0
-    state = sampler.init_sample_state(
-        jnp.asarray(prompt_tokens),
-        total_sampling_steps=num_prompt + max_steps,
-        include_logits=False,
-        forbidden_token_ids=None,
+    state = self.init_state(
+        prompt_tokens,
+        num_prompt + max_steps,
+        seed,
         temperature=float(temperature),
         top_p=None if greedy else float(top_p),
         top_k=None if greedy or not top_k else int(top_k),
-        seed=jax.random.PRNGKey(seed),
-        beam_size=None,
     )
     params = sampler._flattened_transformer_state  # pylint: disable=protected-access
     state = sampler._compiled_prefill_fn(params, state, None, echo=False)  # pylint: disable=protected-access
     state = sampler._compiled_decode_fn(params, state)  # pylint: disable=protected-access
-    buffer = np.asarray(jax.device_get(state.token_buffer))
-    return self.completions_from_tokens(buffer[:, num_prompt:])
+    buffer = sharding.to_host(state.token_buffer)[:, num_prompt:]
+    return self.completions_from_tokens(
+        buffer if rows is None else buffer[np.asarray(rows)]
+    )
+
+  def init_state(self, prompt_tokens, total_steps, seed, **sampling):
+    """tunix's initial sampling state, with its arrays placed on the mesh.
+
+    `init_sample_state` fills a token buffer and a KV cache for all rows
+    with eager ops on one device. Here its fields that do not depend on the
+    rows (sampling mode and parameters) come from a zero-row call, and the
+    per-row arrays are built by the same function under jit, sharded.
+
+    Args:
+      prompt_tokens: int32 numpy [N, P], the whole batch (every process
+        passes the same).
+      total_steps: P + completion length.
+      seed: int sampling seed.
+      **sampling: temperature, top_p and top_k as `init_sample_state` takes
+        them (None = off).
+
+    Returns:
+      The sampler's state, ready for its prefill function.
+    """
+    sampler = self.sampler
+    template = sampler.init_sample_state(
+        jnp.zeros((0, prompt_tokens.shape[1]), jnp.int32),
+        total_sampling_steps=total_steps,
+        include_logits=False,
+        forbidden_token_ids=None,
+        seed=jax.random.PRNGKey(seed),
+        beam_size=None,
+        **sampling,
+    )
+    if self.mesh is None:
+      prompts = jnp.asarray(prompt_tokens)
+      key = jax.random.PRNGKey(seed)
+    else:
+      prompts = sharding.put_global(
+          prompt_tokens,
+          sharding.batch_sharding(self.mesh, 2, rows=len(prompt_tokens)),
+      )
+      key = sharding.put_global(
+          np.asarray(jax.random.PRNGKey(seed)), sharding.replicated(self.mesh)
+      )
+    arrays = self._init_arrays(prompts, key, total_steps=total_steps)
+    return template.replace(**arrays)
+
+  def _sharded_arrays(self, prompts, key, total_steps):
+    """The per-row arrays of the initial state, with sharding constraints."""
+    state = self.sampler.init_sample_state(
+        prompts,
+        total_sampling_steps=total_steps,
+        include_logits=False,
+        forbidden_token_ids=None,
+        temperature=0.0,
+        top_p=None,
+        top_k=None,
+        seed=key,
+        beam_size=None,
+    )
+    arrays = {
+        'token_buffer': state.token_buffer,
+        'positions': state.positions,
+        'cache': state.cache,
+        'done': state.done,
+        'seed': state.seed,
+    }
+    if self.mesh is None:
+      return arrays
+    mesh = self.mesh
+
+    def by_rows(x):
+      if x.ndim == 4:  # KV cache [B, S, K, H].
+        target = sharding.kv_cache_sharding(mesh, x.shape, self._heads_spec)
+      else:  # Token buffer, positions, done flags, cache end indices.
+        target = sharding.batch_sharding(mesh, x.ndim, rows=x.shape[0])
+      return jax.lax.with_sharding_constraint(x, target)
+
+    seed = arrays.pop('seed')
+    arrays = jax.tree.map(by_rows, arrays)
+    arrays['seed'] = jax.lax.with_sharding_constraint(
+        seed, sharding.replicated(mesh)
+    )
+    return arrays
 
   def completions_from_tokens(self, raw):
     """Cuts raw sampled tokens [N, C] at the first end token."""
-    raw = np.asarray(raw, dtype=np.int32)
-    n, c = raw.shape
-    is_end = np.isin(raw, self.end_ids)
-    has_end = is_end.any(axis=1)
-    first_end = np.where(has_end, is_end.argmax(axis=1), c)
-    lengths = np.where(has_end, first_end + 1, c).astype(np.int32)
-    positions = np.arange(c)[None, :]
-    mask = (positions < lengths[:, None]).astype(np.float32)
-    tokens = np.where(mask > 0, raw, pipeline.PAD_ID).astype(np.int32)
-    texts = [
-        self.tokenizer.decode(raw[i, :first_end[i]].tolist()) for i in range(n)
-    ]
-    return Completions(tokens, mask, lengths, ~has_end, texts)
+    return completions_from_tokens(raw, self.end_ids, self.tokenizer)
+
+
+def completions_from_tokens(raw, end_ids, tokenizer):
+  """Cuts raw sampled tokens [N, C] at each row's first end token.
+
+  Args:
+    raw: int [N, C] sampled token ids (whatever follows an end token is
+      ignored).
+    end_ids: token ids that end a completion (see `end_token_ids`).
+    tokenizer: has `decode(list[int]) -> str`.
+
+  Returns:
+    `Completions`: the end token is kept in tokens, mask and lengths (the
+    policy learns to stop from it) but not in the texts; positions after it
+    hold the pad id.
+  """
+  raw = np.asarray(raw, dtype=np.int32)
+  n, c = raw.shape
+  is_end = np.isin(raw, end_ids)
+  has_end = is_end.any(axis=1)
+  first_end = np.where(has_end, is_end.argmax(axis=1), c)
+  lengths = np.where(has_end, first_end + 1, c).astype(np.int32)
+  positions = np.arange(c)[None, :]
+  mask = (positions < lengths[:, None]).astype(np.float32)
+  tokens = np.where(mask > 0, raw, pipeline.PAD_ID).astype(np.int32)
+  texts = [tokenizer.decode(raw[i, :first_end[i]].tolist()) for i in range(n)]
+  return Completions(tokens, mask, lengths, ~has_end, texts)

@@ -5,7 +5,7 @@ weights and the batch, 'tp' shards heads and hidden features; an optional
 'data' axis shards only the batch. Axis types are Auto: tunix's embedder
 gather fails under explicit sharding.
 
-Where things live (B = batch rows; see `describe` for a printout):
+Where things live (B = batch rows):
 
 * Base weights: the PartitionSpec each tunix module declares in its
   ShardingConfig ('fsdp' / 'tp' names in the Variable metadata).
@@ -115,11 +115,13 @@ def fit_spec(mesh, shape, spec):
   """`spec` without the axes that do not divide their dimension of `shape`.
 
   An entry may be one axis name or a tuple of names; from a tuple, the
-  longest prefix whose size divides the dimension is kept.
+  longest prefix whose size divides the dimension is kept. Names that are
+  not axes of the mesh are dropped.
   """
   fitted = []
   for dim, entry in zip(shape, tuple(spec) + (None,) * len(shape)):
     names = (entry,) if isinstance(entry, str) else tuple(entry or ())
+    names = [name for name in names if name in mesh.axis_names]
     kept = ()
     for name in names:
       if dim % (math.prod(mesh.shape[a] for a in kept) * mesh.shape[name]):
@@ -283,21 +285,6 @@ def place_optimizer(optimizer, mesh):
   nnx.update(optimizer, replicate_unplaced(state, mesh))
 
 
-def describe(tree):
-  """{path: (shape, spec, shard shape)} of the arrays in a pytree or State."""
-  if isinstance(tree, nnx.Module):
-    tree = nnx.state(tree)
-  out = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    if isinstance(leaf, jax.Array):
-      spec = getattr(leaf.sharding, 'spec', None)
-      out[jax.tree_util.keystr(path)] = (
-          tuple(leaf.shape), spec,
-          tuple(leaf.sharding.shard_shape(leaf.shape)),
-      )
-  return out
-
-
 def initialize_distributed(coordinator_address=None, num_processes=None,
                            process_id=None):
   """jax.distributed.initialize() for multi-host runs; fails loudly.
@@ -324,7 +311,8 @@ def initialize_distributed(coordinator_address=None, num_processes=None,
     jax.distributed.initialize(**kwargs)
   except Exception as e:
     raise RuntimeError(
-        f'jax.distributed.initialize({kwargs or ""}) failed: {e}. Multi-host '
+        f'jax.distributed.initialize({kwargs or ""}) failed: '
+        f'{str(e).rstrip(".")}. Multi-host '
         'runs need a TPU pod (or another cluster JAX detects: Slurm, Open '
         'MPI), or explicit --coordinator_address=HOST:PORT, '
         '--num_processes=N and --process_id=I on every process; drop '

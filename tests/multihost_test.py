@@ -1,0 +1,176 @@
+"""Two JAX processes train like one: `main --multihost` over loopback (CPU).
+
+Two processes with 2 fake CPU devices each (one 4-device mesh, CPU
+collectives over gloo) run 2 GRPO steps of the tiny model through
+`python -m agent_tunix.main --multihost --coordinator_address=127.0.0.1:PORT
+--num_processes=2 --process_id=I`, next to a reference run of the same
+config as one process with 4 devices. Each process reads its own half of
+every batch; the sampled completions, rewards, losses and updates must be
+those of the single process (within float tolerance: sums over devices of
+different processes may round differently).
+
+The rewards include `reward_fixtures:text_length`, so advantages are not all
+zero, and beta > 0, so the second step's loss (its KL term) is not zero.
+
+All three processes start together and are killed if any fails or the
+deadline passes.
+"""
+
+import collections
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+import portpicker
+import pytest
+
+_REPO = pathlib.Path(__file__).resolve().parents[1]
+_TESTS = _REPO / 'tests'
+# Generous: the three runs take about 4.5 CPU-minutes in all.
+_TIMEOUT_S = 900
+_RTOL = 1e-5
+_NUM_STEPS = 2
+# Wall-clock scalars differ between any two runs.
+_TIMING_TAGS = frozenset(
+    {'time/rollout_s', 'time/update_s', 'tokens_per_s', 'steps_per_sec',
+     'uptime'})
+_OVERRIDES = (
+    f'--config.training.num_steps={_NUM_STEPS}',
+    '--config.training.batch_size=4',  # 2 prompts per process.
+    '--config.training.micro_batch_size=2',
+    '--config.grpo.beta=0.04',
+    '--config.eval.pass_at_k=0',
+    '--config.rewards.functions=format_approx=1,reward_fixtures:text_length=1',
+)
+
+
+def _start(name, root, devices, extra):
+  env = dict(os.environ)
+  env['XLA_FLAGS'] = (
+      env.get('XLA_FLAGS', '') +
+      f' --xla_force_host_platform_device_count={devices}').strip()
+  env['JAX_PLATFORMS'] = 'cpu'
+  env['JAX_CPU_COLLECTIVES_IMPLEMENTATION'] = 'gloo'
+  env['PYTHONPATH'] = os.pathsep.join(
+      [str(_REPO), str(_TESTS)] +
+      ([env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
+  log = root / f'{name}.log'
+  command = [sys.executable, '-m', 'agent_tunix.main',
+             '--config=configs/tiny.py', *_OVERRIDES, *extra]
+  with open(log, 'wb') as f:
+    proc = subprocess.Popen(command, cwd=_REPO, env=env, stdout=f,
+                            stderr=subprocess.STDOUT)
+  return name, proc, log
+
+
+def _tail(path, lines=40):
+  return '\n'.join(pathlib.Path(path).read_text(errors='replace')
+                   .splitlines()[-lines:])
+
+
+def _wait_all(jobs, deadline):
+  """Waits for every job; kills them all when one fails or time runs out."""
+  pending = list(jobs)
+  while pending:
+    for job in list(pending):
+      name, proc, log = job
+      if proc.poll() is None:
+        continue
+      pending.remove(job)
+      if proc.returncode != 0:
+        pytest.fail(f'{name} exited with {proc.returncode}:\n{_tail(log)}')
+    if pending and time.monotonic() > deadline:
+      pytest.fail(f'{[j[0] for j in pending]} still running after '
+                  f'{_TIMEOUT_S} s:\n{_tail(pending[0][2])}')
+    time.sleep(0.5)
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+  """Runs the 2-process job and the 1-process reference side by side."""
+  root = tmp_path_factory.mktemp('multihost')
+  port = portpicker.pick_unused_port()
+  multi = [
+      '--multihost', f'--coordinator_address=127.0.0.1:{port}',
+      '--num_processes=2', f'--workdir={root / "multi"}',
+  ]
+  jobs = []
+  try:
+    for i in range(2):
+      jobs.append(_start(f'process_{i}', root, 2,
+                         multi + [f'--process_id={i}']))
+    jobs.append(_start('reference', root, 4, [f'--workdir={root / "one"}']))
+    _wait_all(jobs, time.monotonic() + _TIMEOUT_S)
+  finally:
+    for _, proc, _ in jobs:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+  return root
+
+
+def _read_events(workdir):
+  """({tag: {step: float}}, number of event files) of a run's workdir."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  files = sorted(pathlib.Path(workdir).glob('events.out.tfevents.*'))
+  found = collections.defaultdict(dict)
+  for path in files:
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      for value in event.summary.value:
+        if value.metadata.plugin_data.plugin_name == 'scalars':
+          found[value.tag][event.step] = float(tf.make_ndarray(value.tensor))
+  return found, len(files)
+
+
+def test_two_processes_train_like_one(runs):
+  multi, multi_files = _read_events(runs / 'multi')
+  one, one_files = _read_events(runs / 'one')
+  assert multi_files == one_files == 1, (multi_files, one_files)
+  tags = sorted(set(one) - _TIMING_TAGS)
+  assert sorted(set(multi) - _TIMING_TAGS) == tags
+  assert sorted(one['loss']) == list(range(1, _NUM_STEPS + 1))
+  for tag in tags:
+    for step, value in one[tag].items():
+      # atol: the policy term of the loss is a sum of O(1) advantages that
+      # cancels to ~0, so its round-off is absolute (~1e-8), not relative.
+      np.testing.assert_allclose(
+          multi[tag][step], value, rtol=_RTOL, atol=1e-7,
+          err_msg=f'{tag} at step {step}: 2 processes vs 1')
+  # Not a trivially equal run: rewards vary, the policy moves.
+  assert one['reward/std'][1] > 0
+  assert one['loss'][_NUM_STEPS] != 0
+  assert one['kl'][_NUM_STEPS] > 0
+
+
+def test_only_process_zero_writes_metrics_and_samples(runs):
+  logs = {i: (runs / f'process_{i}.log').read_text(errors='replace')
+          for i in range(2)}
+  assert 'Got texts' in logs[0]  # Sample completions, through the writer.
+  assert 'Got texts' not in logs[1]
+  assert 'Process 1 of 2, 2 local / 4 global devices' in logs[1]
+  # Metric files only from process 0 (checked in the test above: one file).
+  assert list((runs / 'multi').glob('events.out.tfevents.*'))
+
+
+def test_checkpoint_is_written_by_both_processes(runs):
+  step_dir = runs / 'multi' / 'checkpoints' / str(_NUM_STEPS)
+  assert step_dir.is_dir(), sorted((runs / 'multi').rglob('*'))
+  # The data iterator position is per process.
+  data = sorted(p.name for p in (step_dir / 'data').glob('process_*.json'))
+  assert data == ['process_0-of-2.json', 'process_1-of-2.json']
+
+
+def test_multihost_without_a_cluster_fails_and_names_the_fix(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env.pop('JAX_COORDINATOR_ADDRESS', None)
+  proc = subprocess.run(
+      [sys.executable, '-m', 'agent_tunix.main', '--config=configs/tiny.py',
+       f'--workdir={tmp_path}', '--multihost'],
+      cwd=_REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode != 0
+  assert 'jax.distributed.initialize() failed' in proc.stderr
+  assert '--coordinator_address=HOST:PORT' in proc.stderr
+  assert not list(tmp_path.iterdir())  # Failed before writing anything.
