@@ -1,0 +1,145 @@
+"""The whole flow as functions, for notebooks: prepare, train, evaluate, ask.
+
+  from agent_tunix import api
+  from configs import gemma3_270m
+
+  session = api.prepare(gemma3_270m.get_config('quick'), '/tmp/run')
+  api.train(session)
+  print(api.evaluate(session))
+  print(api.ask(session, 'Ann has 3 pens and buys 4 more. How many pens?'))
+  api.export(session, 'merged', '/tmp/run/hf')
+
+Every function works on the `train.Session` that `prepare` builds. The
+workdir holds checkpoints and TensorBoard metrics exactly as
+`python -m agent_tunix.main` writes them: `prepare` on the workdir of an
+earlier run loads its latest LoRA, and `train` resumes it from its latest
+checkpoint (so after a crash, the same two calls continue the run).
+"""
+
+import tempfile
+
+from absl import logging
+from etils import epath
+import numpy as np
+
+from agent_tunix import evaluation
+from agent_tunix import export as export_lib
+from agent_tunix import train as train_lib
+from agent_tunix.data import pipeline
+from agent_tunix.data import prompts
+
+
+def prepare(config, workdir=None):
+  """Validates `config` and builds the model, tokenizer, data and optimizer.
+
+  Args:
+    config: a full config (e.g. `configs.gemma3_270m.get_config()`).
+    workdir: run directory for checkpoints and metrics; None makes a new
+      temporary one (logged; see `session.workdir`).
+
+  Returns:
+    The `train.Session`. If `workdir` has checkpoints, its model carries the
+    latest one's LoRA.
+  """
+  if workdir is None:
+    workdir = tempfile.mkdtemp(prefix='agent_tunix_')
+    logging.info('Run directory: %s', workdir)
+  session = train_lib.setup(config, workdir)
+  if _checkpoint_steps(session):
+    step = train_lib.restore_lora(session, workdir)
+    logging.info('Loaded the LoRA of step %s from %s', step, workdir)
+  return session
+
+
+def _checkpoint_steps(session):
+  if not epath.Path(session.workdir).exists():
+    return []
+  return export_lib.checkpoint_steps(session.config, session.workdir)
+
+
+def train(session):
+  """Runs (or resumes) training to config.training.num_steps, then evaluates.
+
+  Returns:
+    {'step', 'scalars' (of the last step), 'eval' (final scores),
+    'preempted'}, as `train.train_and_evaluate` returns.
+  """
+  return train_lib.run(session)
+
+
+def evaluate(session):
+  """Scores the current policy on the held-out questions.
+
+  Returns:
+    {'accuracy', 'format_accuracy', and 'pass_at_k' if eval.pass_at_k > 0}.
+  """
+  scores, _ = evaluation.evaluate(
+      session.sampler, session.tokenizer, session.eval_set, session.config
+  )
+  return scores
+
+
+def export(session, fmt, path, overwrite=False, **kwargs):
+  """Writes the current policy as 'peft', 'merged' or 'gguf' to `path`.
+
+  Args:
+    session: from `prepare`.
+    fmt: the format, one of export.FORMATS.
+    path: output directory (peft, merged) or file (gguf).
+    overwrite: replace an earlier export at `path`.
+    **kwargs: `dtype` ('merged') or `gguf_dtype` ('gguf'), see export.export.
+
+  Returns:
+    The absolute output path.
+  """
+  steps = _checkpoint_steps(session)
+  return export_lib.export(
+      session.model, session.tokenizer, session.config, fmt, path,
+      overwrite=overwrite, step=steps[-1] if steps else None, **kwargs
+  )
+
+
+def ask(session, question, max_new_tokens=None):
+  """Answers one question greedily with the current policy.
+
+  The question is formatted with the run's prompt template
+  (`data.prompts.format_prompt`: chat turns or the few-shot prompt, with the
+  system prompt), as in training and evaluation.
+
+  Args:
+    session: from `prepare`.
+    question: the question text.
+    max_new_tokens: completion length; default eval.max_generation_steps.
+
+  Returns:
+    The completion text (up to, without, the end token).
+
+  Raises:
+    ValueError: the formatted prompt is longer than
+      generation.max_prompt_length, or the lengths exceed the KV cache.
+  """
+  config = session.config
+  gen = config.generation
+  steps = max_new_tokens or config.eval.max_generation_steps
+  if gen.max_prompt_length + steps > gen.kv_cache_size:
+    raise ValueError(
+        f'max_new_tokens={steps} plus generation.max_prompt_length='
+        f'{gen.max_prompt_length} exceeds generation.kv_cache_size='
+        f'{gen.kv_cache_size}; ask for fewer tokens or raise kv_cache_size.'
+    )
+  prompt = prompts.format_prompt(question, config)
+  encoded = pipeline.encode_prompt(
+      prompt, session.tokenizer, gen.max_prompt_length
+  )
+  if encoded is None:
+    raise ValueError(
+        f'The prompt for {question[:60]!r}... is longer than '
+        f'generation.max_prompt_length={gen.max_prompt_length} tokens; '
+        'shorten the question or raise the limit.'
+    )
+  # As many rows as an evaluation batch, so that the sampler compiled for
+  # evaluation is reused.
+  rows = np.repeat(encoded[0][None], config.eval.batch_size, axis=0)
+  out = session.sampler.generate(rows, steps, seed=0)
+  return out.texts[0]
+
