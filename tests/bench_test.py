@@ -1,0 +1,162 @@
+"""Tests of the benchmark CLI (`python -m agent_tunix.bench`): JSON schema only.
+
+One quick run in a subprocess (tiny random model, short lengths, two timed
+steps) writes the JSON that the tests check. The tunix, TRL and memory
+sections are skipped to keep it short, which also checks that skipped
+sections are reported with a reason. No timing assertions.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agent_tunix import bench
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SKIPPED = ('tunix', 'trl', 'memory')
+MEASUREMENT_KEYS = {
+    'name', 'sections', 'status', 'reason', 'settings', 'ours', 'peer',
+    'ratio',
+}
+
+
+def _run_bench(*args, timeout=600):
+  return subprocess.run(
+      [sys.executable, '-m', 'agent_tunix.bench', *args],
+      cwd=REPO, capture_output=True, text=True, timeout=timeout,
+      check=False,
+  )
+
+
+@pytest.fixture(scope='module')
+def quick(tmp_path_factory):
+  out = tmp_path_factory.mktemp('bench') / 'bench.json'
+  proc = _run_bench('--quick', '--steps=2', '--decode_batch_sizes=2',
+                    f'--skip={",".join(SKIPPED)}', f'--output={out}')
+  assert proc.returncode == 0, proc.stderr[-6000:]
+  with open(out) as f:
+    result = json.load(f)
+  return result, proc.stdout
+
+
+def _by_name(result):
+  return {m['name']: m for m in result['measurements']}
+
+
+def test_top_level_and_machine(quick):
+  result, _ = quick
+  assert result['schema_version'] == bench.SCHEMA_VERSION
+  assert set(result) == {'schema_version', 'argv', 'machine', 'settings',
+                         'measurements', 'goals'}
+  machine = result['machine']
+  assert machine['jax_backend'] == 'cpu'
+  assert isinstance(machine['device_kind'], str)
+  assert machine['device_count'] >= 1
+  assert machine['cpu_count'] >= 1
+  assert 'jax' in machine['versions']
+  settings = result['settings']
+  assert settings['model_preset'] == 'tiny'
+  assert settings['rows'] == (settings['batch_size'] *
+                              settings['num_generations'])
+  assert settings['timed_steps'] == 2
+
+
+def test_every_measurement_has_the_schema(quick):
+  result, _ = quick
+  names = [m['name'] for m in result['measurements']]
+  assert names == ['grpo_step_vs_tunix', 'grpo_step_vs_trl',
+                   'decode_batch_2', 'update_memory']
+  for m in result['measurements']:
+    assert set(m) == MEASUREMENT_KEYS, m['name']
+    assert m['status'] in ('ok', 'partial', 'skipped', 'error')
+    assert set(m['sections']) <= set(bench.SECTIONS)
+    for side in (m['ours'], m['peer']):
+      if side is not None:
+        assert isinstance(side['name'], str)
+        assert side['median_s'] > 0
+    if m['ours'] and m['peer']:
+      assert math.isclose(
+          m['ratio'], m['ours']['median_s'] / m['peer']['median_s'])
+    else:
+      assert m['ratio'] is None
+      assert m['reason'], m['name']
+
+
+def test_skipped_sections_say_why(quick):
+  result, _ = quick
+  by_name = _by_name(result)
+  for name, section in (('grpo_step_vs_tunix', 'tunix'),
+                        ('grpo_step_vs_trl', 'trl'),
+                        ('update_memory', 'memory')):
+    assert f'{section}: skipped by --skip' in by_name[name]['reason']
+  assert by_name['update_memory']['status'] == 'skipped'
+  assert by_name['update_memory']['ours'] is None
+
+
+def test_grpo_step_side(quick):
+  result, _ = quick
+  m = _by_name(result)['grpo_step_vs_tunix']
+  assert m['status'] == 'partial'
+  assert m['peer'] is None
+  ours = m['ours']
+  assert len(ours['steps_s']) == 2
+  assert len(ours['warmup_steps_s']) == bench.WARMUP_STEPS
+  assert ours['compile_s'] >= 0
+  assert set(ours['breakdown_s']) == {'rollout', 'other', 'reference_logps',
+                                      'update'}
+  settings = m['settings']
+  tokens = settings['rows'] * settings['generation_length']
+  assert math.isclose(ours['tokens_per_s'], tokens / ours['median_s'])
+
+
+def test_decode_against_bandwidth_bound(quick):
+  result, _ = quick
+  m = _by_name(result)['decode_batch_2']
+  assert m['status'] == 'ok'
+  settings = m['settings']
+  assert settings['batch_size'] == 2
+  assert settings['bytes_per_step'] == (settings['weight_bytes'] +
+                                        settings['kv_cache_bytes'])
+  assert settings['kv_cache_bytes'] > 0
+  assert settings['copy_bandwidth']['used_bytes_per_s'] > 0
+  ours, peer = m['ours'], m['peer']
+  assert math.isclose(ours['fraction_of_bound'], 1 / m['ratio'])
+  assert math.isclose(
+      ours['tokens_per_s'],
+      settings['batch_size'] * settings['decode_steps'] / ours['median_s'])
+  assert peer['tokens_per_s'] > 0
+
+
+def test_goals_and_table(quick):
+  result, stdout = quick
+  goals = result['goals']
+  assert set(goals) == {'grpo_step_le_0.75x_tunix',
+                        'decode_ge_0.7_of_bandwidth_bound',
+                        'update_memory_le_0.25_naive'}
+  assert goals['grpo_step_le_0.75x_tunix']['met'] is None  # tunix skipped
+  assert goals['update_memory_le_0.25_naive']['met'] is None
+  assert isinstance(goals['decode_ge_0.7_of_bandwidth_bound']['met'], bool)
+  assert 'measurement' in stdout and 'decode_batch_2' in stdout
+  assert 'goal grpo_step_le_0.75x_tunix: not measured' in stdout
+
+
+def test_unknown_section_is_rejected():
+  proc = _run_bench('--quick', '--skip=grpo,nonsense', timeout=300)
+  assert proc.returncode != 0
+  assert "unknown sections ['nonsense']" in proc.stderr
+
+
+def test_measurement_status_and_ratio():
+  ours = {'name': 'a', 'median_s': 2.0}
+  peer = {'name': 'b', 'median_s': 4.0}
+  ok = bench.measurement('x', ['grpo'], {}, ours, peer)
+  assert (ok['status'], ok['ratio']) == ('ok', 0.5)
+  partial = bench.measurement('x', ['grpo'], {}, ours, None, 'tunix: why')
+  assert (partial['status'], partial['ratio']) == ('partial', None)
+  assert bench.measurement('x', [], {}, reason='r')['status'] == 'skipped'
+  assert bench.measurement('x', [], {}, ours, peer, 'e',
+                           error=True)['status'] == 'error'
