@@ -3,7 +3,8 @@ r"""Benchmarks this trainer against peers on identical workloads, in one run.
   python -m agent_tunix.bench --config=configs/gemma3_270m.py \
       --config.generation.max_prompt_length=128 \
       --config.generation.max_generation_steps=32 \
-      --config.generation.kv_cache_size=160 --output=/tmp/bench.json
+      --config.generation.kv_cache_size=160 \
+      --config.eval.max_generation_steps=32 --output=/tmp/bench.json
   python -m agent_tunix.bench --quick --output=/tmp/quick.json
 
 Everything is built and timed in one process on one machine, so the numbers
@@ -109,6 +110,7 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 import numpy as np
 
+from agent_tunix import config_lib
 from agent_tunix import grpo
 from agent_tunix import rollout
 from agent_tunix import sharding
@@ -1276,7 +1278,10 @@ def main(argv):
     ) from e
   if any(b < 1 for b in batch_sizes):
     raise app.UsageError(f'--decode_batch_sizes={sizes} must be >= 1.')
-  result = run(config, skip, batch_sizes)
+  try:
+    result = run(config, skip, batch_sizes)
+  except config_lib.ConfigError as e:
+    raise SystemExit(f'bench: {e}') from e
   print_table(result)
   if _OUTPUT.value:
     directory = os.path.dirname(_OUTPUT.value)

@@ -195,9 +195,12 @@ def chunked_token_logps(
   """Log-probabilities of `targets` under logits = hidden @ embedding.T.
 
   The sequence is processed `chunk_size` positions at a time with
-  `lax.map`, and each chunk is rematerialised in the backward pass, so at
-  most one [B, chunk_size, V] logits block exists at a time, forward or
-  backward. Logits are accumulated and normalised in float32.
+  `lax.map`. With more than one chunk, each is rematerialised in the
+  backward pass, so at most one [B, chunk_size, V] logits block exists at a
+  time, forward or backward. A single chunk is not rematerialised: its
+  backward pass runs right after its forward pass, so recomputing the logits
+  would save no memory and cost one more [B, T, D] x [D, V] matmul. Logits
+  are accumulated and normalised in float32.
 
   Args:
     hidden: [B, T, D] final hidden states.
@@ -219,7 +222,6 @@ def chunked_token_logps(
   hidden = hidden.reshape(batch, num_chunks, chunk, dim).swapaxes(0, 1)
   targets = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
 
-  @jax.checkpoint
   def one_chunk(args):
     h, t = args
     logits = jnp.einsum(
@@ -235,6 +237,8 @@ def chunked_token_logps(
       entropy = jnp.zeros_like(logps)
     return logps, entropy
 
+  if num_chunks > 1:
+    one_chunk = jax.checkpoint(one_chunk)
   logps, entropy = jax.lax.map(one_chunk, (hidden, targets))
 
   def unchunk(x):
