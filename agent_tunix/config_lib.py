@@ -62,6 +62,14 @@ def validate(config, num_devices=None, process_count=1):
       f'config.model.lora_rank={m.lora_rank} must be >= 0 (0 disables LoRA).',
   )
   _require(
+      m.remat == 'none' or m.lora_rank == 0,
+      f'config.model.remat={m.remat!r} is not supported with LoRA yet: '
+      "tunix's nnx.remat of the backbone fails inside this project's LoRA "
+      "update (flax TraceContextError). Use model.remat='none'; to save "
+      'update memory lower training.micro_batch_size or '
+      'grpo.logps_chunk_size instead.',
+  )
+  _require(
       g.num_generations >= 2,
       f'config.grpo.num_generations={g.num_generations}: GRPO compares '
       'completions within a group, so it needs at least 2.',

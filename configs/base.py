@@ -44,6 +44,7 @@ def get_config(arg=None):
   config.model.dtype = 'float32'
   # Rematerialisation of the backbone in the update: 'none', 'block' or
   # 'decoder' (recompute activations in the backward pass to save memory).
+  # Only 'none' works with LoRA for now (the others are refused).
   config.model.remat = 'none'
   # LoRA rank; 0 disables LoRA (generate/evaluate the base model only;
   # training needs a rank >= 1).

@@ -126,6 +126,8 @@ _INVALID = [
      'mesh.axis_names', 'fsdp'),
     ('mesh_names_and_shape_differ', _set(mesh__shape=(-1, 1, 1)), 1,
      'mesh.axis_names', 'one name per axis'),
+    ('remat_with_lora', _set(model__remat='decoder'), 1, 'model.remat',
+     "model.remat='none'"),
     ('one_generation', _set(grpo__num_generations=1), 1,
      'grpo.num_generations', 'at least 2'),
     ('generation_beyond_kv_cache',
