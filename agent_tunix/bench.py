@@ -936,27 +936,15 @@ def naive_token_logps(model, tokens, input_mask, completion_len):
   return logps, entropy
 
 
-def _loss_count(mask, mode):
-  if mode == 'token-mean':
-    return mask.sum()
-  return (mask.sum(axis=-1) > 0).sum().astype(mask.dtype)
-
-
 @functools.partial(nnx.jit, static_argnames=('hp',))
 def naive_train_step(model, optimizer, batch, hp):
   """grpo.train_step's loss and micro-batching, with naive log-probs."""
   graphdef, lora_params, rest = nnx.split(model, nnx.LoRAParam, ...)
   mask = batch['completion_mask'].astype(jnp.float32)
   completion_len = mask.shape[1]
-  total = jnp.maximum(_loss_count(mask, hp.loss_agg_mode), 1.0)
-  rows = mask.shape[0]
-  size = hp.micro_batch_size or rows
-  keys = [k for k in ('tokens', 'input_mask', 'completion_mask',
-                      'advantages', 'ref_logps') if k in batch]
-  micros = {
-      k: batch[k].reshape(size, rows // size, *batch[k].shape[1:])
-      .swapaxes(0, 1) for k in keys
-  }
+  # pylint: disable=protected-access
+  total = jnp.maximum(grpo._agg_count(mask, hp.loss_agg_mode), 1.0)
+  micros = grpo._micro_batches(batch, hp.micro_batch_size)
 
   def loss_fn(params, micro):
     module = nnx.merge(graphdef, params, rest)
@@ -972,7 +960,7 @@ def naive_train_step(model, optimizer, batch, hp):
       per_token = per_token + hp.beta * grpo.kl_divergence(
           logps, micro['ref_logps'], hp.kl_estimator
       )
-    weight = _loss_count(micro_mask, hp.loss_agg_mode) / total
+    weight = grpo._agg_count(micro_mask, hp.loss_agg_mode) / total
     loss = grpo.aggregate_loss(per_token, micro_mask, hp.loss_agg_mode)
     ent = (jax.lax.stop_gradient(entropy) * micro_mask).sum()
     return loss * weight, ent
