@@ -479,6 +479,20 @@ class Checkpointer:
     self._manager.close()
 
 
+def restore_lora(model, workdir, checkpoint_config, step=None):
+  """Loads the LoRA of `workdir`'s checkpoint `step` (None: latest) into model.
+
+  Returns:
+    The restored step, or None if there is no checkpoint.
+  """
+  ckpt = Checkpointer(workdir, checkpoint_config)
+  try:
+    restored = ckpt.restore_into(model, step=step)
+  finally:
+    ckpt.close()
+  return None if restored is None else restored[1]
+
+
 def install_sigterm_handler(callback):
   """Installs `callback(signum, frame)` for SIGTERM; returns the previous one.
 

@@ -216,18 +216,14 @@ def restore_lora(model, config, workdir, step=None):
   """
   if not checkpoint_steps(config, workdir):
     return None
-  ckpt = checkpoint.Checkpointer(workdir, config.checkpoint)
   try:
-    restored = ckpt.restore_into(model, step=step)
+    return checkpoint.restore_lora(model, workdir, config.checkpoint, step)
   except checkpoint.RestoreError as e:
     raise ExportError(
         f'{e}\nIf the run was trained with other config overrides (e.g. '
         'model.lora_rank, model.lora_module_path, model.preset), pass the '
         'same ones here: the LoRA shapes must match.'
     ) from e
-  finally:
-    ckpt.close()
-  return None if restored is None else restored[1]
 
 
 def load_policy(config, workdir=None, step=None, allow_base=False):

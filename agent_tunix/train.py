@@ -207,10 +207,9 @@ def save(ckpt, session, step, force=False):
 
 def restore_lora(session, workdir, step=None):
   """Loads a run's LoRA params (latest or `step`); returns the step or None."""
-  ckpt = checkpoint.Checkpointer(workdir, session.config.checkpoint)
-  restored = ckpt.restore_into(session.model, step=step)
-  ckpt.close()
-  return None if restored is None else restored[1]
+  return checkpoint.restore_lora(
+      session.model, workdir, session.config.checkpoint, step
+  )
 
 
 def run_eval(session, writer, step):
