@@ -11,6 +11,13 @@ stopped on; GRPO trains on that token too (it is how the policy learns to
 stop), so this module drives the sampler's prefill and decode functions on
 token ids directly and reads the raw token buffer.
 
+Shared prompts: GRPO samples G completions of every prompt. With
+`num_generations=G`, `generate` takes each prompt once, runs the prefill on
+the distinct prompts only, repeats the KV cache and the state G times, and
+samples the first token (and every later one) per row. Prefill costs 1/G of
+running it on the repeated rows, and the result is the same computation:
+the repeated rows' prefills were identical.
+
 Sharding: the sampler runs as one program over the model's mesh. Prompt rows
 are split over the batch axes and the KV cache over rows and kv heads
 (`sharding.kv_cache_sharding`); tunix would create both whole on one device.
@@ -19,11 +26,14 @@ gets the completions of the rows it asks for (see `Rollout.generate`).
 """
 
 import dataclasses
+import functools
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from tunix.generate import sampler as sampler_lib
+from tunix.generate import utils as sampler_utils
 
 from agent_tunix import sharding
 from agent_tunix.data import pipeline
@@ -78,9 +88,13 @@ class Rollout:
     self._init_arrays = jax.jit(
         self._sharded_arrays, static_argnames=('total_steps',)
     )
+    # No donation: the state grows from N to N x G rows, nothing to reuse.
+    self._grouped_prefill = jax.jit(
+        self._prefill_groups, static_argnames=('num_generations',)
+    )
 
   def generate(self, prompt_tokens, max_steps, seed, temperature=0.0,
-               top_k=0, top_p=1.0, rows=None):
+               top_k=0, top_p=1.0, rows=None, num_generations=1):
     """Samples `max_steps` tokens after each left-padded prompt row.
 
     On several processes every process must call this with the same
@@ -95,13 +109,19 @@ class Rollout:
       temperature: 0 for greedy decoding.
       top_k: top-k cut when sampling (0 = off).
       top_p: nucleus cut when sampling (1.0 = off).
-      rows: indices of the rows to return; None means all N.
+      rows: indices of the rows to return (of the N x num_generations
+        sampled); None means all.
+      num_generations: G; each prompt row is sampled G times (rows i*G ..
+        i*G + G - 1 of the result) with one shared prefill. The same as
+        passing every prompt row repeated G times, at 1/G of the prefill.
 
     Returns:
       `Completions` of the chosen rows.
     """
     prompt_tokens = np.asarray(prompt_tokens, dtype=np.int32)
     num_prompt = prompt_tokens.shape[1]
+    if num_generations < 1:
+      raise ValueError(f'num_generations={num_generations} must be >= 1.')
     sampler = self.sampler
     greedy = temperature <= 0
     state = self.init_state(
@@ -113,7 +133,12 @@ class Rollout:
         top_k=None if greedy or not top_k else int(top_k),
     )
     params = sampler._flattened_transformer_state  # pylint: disable=protected-access
-    state = sampler._compiled_prefill_fn(params, state, None, echo=False)  # pylint: disable=protected-access
+    if num_generations == 1:
+      state = sampler._compiled_prefill_fn(params, state, None, echo=False)  # pylint: disable=protected-access
+    else:
+      state = self._grouped_prefill(
+          params, state, num_generations=num_generations
+      )
     state = sampler._compiled_decode_fn(params, state)  # pylint: disable=protected-access
     buffer = sharding.to_host(state.token_buffer)[:, num_prompt:]
     return self.completions_from_tokens(
@@ -187,19 +212,80 @@ class Rollout:
       return arrays
     mesh = self.mesh
 
-    def by_rows(x):
-      if x.ndim == 4:  # KV cache [B, S, K, H].
-        target = sharding.kv_cache_sharding(mesh, x.shape, self._heads_spec)
-      else:  # Token buffer, positions, done flags, cache end indices.
-        target = sharding.batch_sharding(mesh, x.ndim, rows=x.shape[0])
-      return jax.lax.with_sharding_constraint(x, target)
-
     seed = arrays.pop('seed')
-    arrays = jax.tree.map(by_rows, arrays)
+    arrays = jax.tree.map(self._constrain_rows, arrays)
     arrays['seed'] = jax.lax.with_sharding_constraint(
         seed, sharding.replicated(mesh)
     )
     return arrays
+
+  def _constrain_rows(self, x):
+    """Row-sharding constraint for a per-row state array (no mesh: as is)."""
+    if self.mesh is None:
+      return x
+    if x.ndim == 4:  # KV cache [B, S, K, H].
+      target = sharding.kv_cache_sharding(self.mesh, x.shape, self._heads_spec)
+    else:  # Token buffer, positions, done flags, cache end indices.
+      target = sharding.batch_sharding(self.mesh, x.ndim, rows=x.shape[0])
+    return jax.lax.with_sharding_constraint(x, target)
+
+  def _prefill_groups(self, params, state, num_generations):
+    """tunix's prefill on the distinct prompts, then G rows per prompt.
+
+    Mirrors `Sampler._prefill_fn` (no echo, logits buffer or beam search):
+    the prompts run through the model once to fill the KV cache, the cache,
+    token buffer, positions and done flags are repeated G times, and the
+    first completion token is drawn per row from the repeated last-position
+    logits with the sampler's own `_sample` (each row its own draw).
+
+    Args:
+      params: the sampler's flattened transformer state.
+      state: the initial sampling state of the N distinct prompt rows.
+      num_generations: G.
+
+    Returns:
+      The sampling state of N x G rows after the first sampled token.
+    """
+    # pylint: disable=protected-access
+    sampler = self.sampler
+    length = state.num_input_tokens
+    tokens = state.token_buffer[:, :length]
+    positions = state.positions[:, :length]
+    input_mask = tokens != sampler.tokenizer.pad_id()
+    transformer = nnx.merge(sampler._transformer_graphdef, params)
+    cache_size = sampler.cache_config.cache_size
+    if hasattr(transformer, 'get_attention_mask'):
+      attention_mask = transformer.get_attention_mask(
+          tokens, inputs_mask=input_mask
+      )
+      padding = cache_size - attention_mask.shape[-1]
+      attention_mask = jnp.pad(
+          attention_mask,
+          (*((0, 0),) * (attention_mask.ndim - 1), (0, padding)),
+      )
+    else:
+      attention_mask = sampler_utils.make_causal_attn_mask(
+          input_mask, cache_size
+      )
+    logits, cache = transformer(tokens, positions, state.cache, attention_mask)
+    repeat = functools.partial(
+        jnp.repeat, repeats=num_generations, axis=0
+    )
+    grouped = lambda x: self._constrain_rows(repeat(x))
+    cache = jax.tree.map(grouped, cache)
+    state = state.replace(
+        token_buffer=grouped(state.token_buffer),
+        positions=grouped(state.positions),
+        done=grouped(state.done),
+        cache=cache,
+    )
+    return sampler._sample(
+        logits=repeat(logits[:, -1:]),
+        eos=sampler.eos_ids,
+        cache=cache,
+        sampler_state=state,
+    )
+    # pylint: enable=protected-access
 
   def completions_from_tokens(self, raw):
     """Cuts raw sampled tokens [N, C] at the first end token."""

@@ -127,3 +127,24 @@ def test_sampling_depends_on_the_seed_only(tiny_rollout, prompts):
   assert not np.array_equal(first, sample(8))
   # Rows of one group share a prompt but not their random draws.
   assert not np.array_equal(first[0], first[1])
+
+
+@pytest.mark.parametrize('temperature', [0.0, 1.0])
+def test_shared_prompt_prefill_equals_repeated_rows(tiny_rollout, prompts,
+                                                    temperature):
+  sampler, _ = tiny_rollout
+  distinct = prompts[::2]  # The fixture repeats each prompt twice.
+  sampling = dict(temperature=temperature, top_k=8, top_p=0.95)
+  want = sampler.generate(prompts, _STEPS, seed=3, **sampling)
+  got = sampler.generate(distinct, _STEPS, seed=3, num_generations=2,
+                         **sampling)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_array_equal(got.mask, want.mask)
+  assert got.texts == want.texts
+  if temperature:  # Each row of a group draws its own tokens.
+    assert not np.array_equal(got.tokens[0], got.tokens[1])
+  subset = sampler.generate(distinct, _STEPS, seed=3, num_generations=2,
+                            rows=[1, 2], **sampling)
+  np.testing.assert_array_equal(subset.tokens, want.tokens[[1, 2]])
+  with pytest.raises(ValueError, match='num_generations=0'):
+    sampler.generate(distinct, _STEPS, seed=3, num_generations=0)
