@@ -32,10 +32,15 @@ Sections (--skip takes a comma list of their names):
           weights plus the whole allocated KV cache, which tunix's sampler
           attends over with a mask) divided by the copy bandwidth measured on
           this machine ((read + written bytes) / time of a large array copy;
-          the larger of a jitted JAX copy and, on CPU, a NumPy copy).
-  memory  One update (grpo.train_step, chunked log-probs) against a naive
-          update written here (full [B, T, V] logits from the model, then
-          log_softmax and gather), same loss and micro-batching. Memory comes
+          the larger of a jitted JAX copy and, on CPU, a NumPy copy). Also
+          against a roofline bound, the slower of that and the decode step's
+          matmul FLOPs at a measured large-matmul rate: a CPU is compute-bound
+          at batch sizes where the bandwidth bound cannot be reached.
+  memory  One update (grpo.train_step, chunked log-probs) against the same
+          update with naive log-probs swapped in (full [B, T, V] logits from
+          the model, then log_softmax and gather): same loss, micro-batching,
+          remat and optimizer; both run every row in full (prompt_group 1,
+          no shared prompt forward). Memory comes
           from the compiled executable's memory_analysis(): `temp_bytes`
           (XLA's scratch buffers: activations, logits, gradients) and
           `peak_bytes` = temp + argument + output - alias bytes (everything
@@ -82,7 +87,12 @@ JSON written to --output:
 
 "partial" means one side ran and the other was skipped. For decode, the peer
 is the bandwidth bound (its median_s is the bound's time for the same decode
-steps), so ratio >= 1 and ours["fraction_of_bound"] = 1 / ratio. GRPO sides
+steps), so ratio >= 1 and ours["fraction_of_bound"] = 1 / ratio; ours also
+carries "roofline_tokens_per_s" and "fraction_of_roofline", against the larger
+of that time and settings["flops_per_step"] (matmul FLOPs: every weight matrix
+once, the tied embedding as the output projection, plus attention over the KV
+cache) divided by a measured large-matmul FLOP/s in the model dtype
+(settings["matmul_throughput"]). GRPO sides
 carry "compile_s", "breakdown_s" and "tokens_per_s" (completion tokens per
 second of step time); the memory sides carry "temp_bytes", "peak_bytes" and
 the other memory_analysis() fields.
@@ -468,10 +478,12 @@ def ours_grpo(ctx):
   steps, warmup = [], []
   for step in range(1, total_steps + 1):
     t0 = now()
-    out = sampler.generate(
-        rows['prompt_tokens'], gen.max_generation_steps,
+    out = sampler.generate(  # As train.py does.
+        ctx.prompt_tokens if g.share_prompts else rows['prompt_tokens'],
+        gen.max_generation_steps,
         train.step_seed(config.training.seed, step), gen.temperature,
         gen.top_k, gen.top_p,
+        num_generations=num_g if g.share_prompts else 1,
     )
     t1 = now()
     rewards = np.asarray(toy_reward(prompts, out.texts), np.float32)
@@ -816,6 +828,35 @@ def copy_bandwidth():
   return best, details
 
 
+def matmul_flops_per_s(dtype):
+  """(FLOP/s, details) of a large jitted square matmul in `dtype`."""
+  n = 2048 if jax.default_backend() == 'cpu' else 8192
+  a = jnp.ones((n, n), dtype)
+  matmul = jax.jit(
+      lambda x: jnp.matmul(x, x, preferred_element_type=jnp.float32)
+  )
+  jax.block_until_ready(matmul(a))
+  times = []
+  for _ in range(max(3, _STEPS.value)):
+    t0 = now()
+    jax.block_until_ready(matmul(a))
+    times.append(now() - t0)
+  rate = 2 * n**3 / median(times)
+  return rate, {'matmul_size': n, 'dtype': jnp.dtype(dtype).name,
+                'flops_per_s': rate}
+
+
+def decode_flops_per_step(model, batch_size, kv_len):
+  """Matmul FLOPs of one decode step: weights (the tied embedding once, as
+  the output projection) plus attention over the whole KV cache."""
+  cfg = model.config
+  matrix_params = sum(
+      x.size for x in jax.tree.leaves(nnx.state(model)) if x.ndim >= 2
+  )
+  attention = 2 * 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * kv_len
+  return 2 * batch_size * matrix_params + batch_size * attention
+
+
 def timed_sample(sampler, prompt_tokens, steps, seed, gen):
   """Prefill + decode like Rollout.generate, timed separately.
 
@@ -861,6 +902,9 @@ def decode_measurements(ctx, batch_sizes):
   model = ctx.session.model
   weight_bytes = tree_bytes(nnx.state(model))
   bandwidth, bw_details = copy_bandwidth()
+  flops_rate, flops_details = matmul_flops_per_s(
+      model.embedder.input_embedding[...].dtype
+  )
   prompt_len = _DECODE_PROMPT_LENGTH.value
   steps = gen.max_generation_steps
   sampler = rollout.Rollout(model, ctx.tokenizer, prompt_len + steps)
@@ -881,6 +925,8 @@ def decode_measurements(ctx, batch_sizes):
     med = median(decode)
     tok_s = b * decode_steps / med
     bound_tok_s = b / bound_step_s
+    flops = decode_flops_per_step(model, b, prompt_len + steps)
+    roofline_step_s = max(bound_step_s, flops / flops_rate)
     settings = {
         'batch_size': b,
         'prompt_length': prompt_len,
@@ -890,6 +936,8 @@ def decode_measurements(ctx, batch_sizes):
         'kv_cache_bytes': kv_bytes,
         'bytes_per_step': bytes_per_step,
         'copy_bandwidth': bw_details,
+        'flops_per_step': flops,
+        'matmul_throughput': flops_details,
         'temperature': gen.temperature,
         'top_k': gen.top_k,
     }
@@ -900,6 +948,8 @@ def decode_measurements(ctx, batch_sizes):
         'prefill_median_s': median(prefill),
         'tokens_per_s': tok_s,
         'fraction_of_bound': tok_s / bound_tok_s,
+        'roofline_tokens_per_s': b / roofline_step_s,
+        'fraction_of_roofline': tok_s * roofline_step_s / b,
     }
     peer = {
         'name': 'memory-bandwidth bound (bytes_per_step / copy bandwidth)',
@@ -909,8 +959,10 @@ def decode_measurements(ctx, batch_sizes):
     }
     results.append(measurement(f'decode_batch_{b}', ['decode'], settings,
                                ours, peer))
-    logging.info('decode b=%d: %.1f tok/s, bound %.1f tok/s (%.0f%%)', b,
-                 tok_s, bound_tok_s, 100 * tok_s / bound_tok_s)
+    logging.info('decode b=%d: %.1f tok/s, bandwidth bound %.1f tok/s '
+                 '(%.0f%%), roofline %.1f tok/s (%.0f%%)', b, tok_s,
+                 bound_tok_s, 100 * tok_s / bound_tok_s, b / roofline_step_s,
+                 100 * tok_s * roofline_step_s / b)
   del sampler
   gc.collect()
   return results
@@ -919,8 +971,16 @@ def decode_measurements(ctx, batch_sizes):
 # ----------------------------------------------------------------- memory
 
 
-def naive_token_logps(model, tokens, input_mask, completion_len):
-  """Log-probs and entropies from the model's full [B, T, V] logits."""
+def naive_token_logps(model, tokens, input_mask, completion_len,
+                      chunk_size=None, use_lora=True, compute_entropy=True,
+                      group=1):
+  """grpo.per_token_logps from the model's full [B, T, V] logits.
+
+  Same arguments as grpo.per_token_logps; chunk_size is unused, LoRA is
+  always applied (the update's use) and every row runs in full (the memory
+  section sets prompt_group=1 on both sides).
+  """
+  del chunk_size, use_lora, compute_entropy, group
   logits, _ = model(
       tokens,
       grpo.positions_from_mask(input_mask),
@@ -936,46 +996,13 @@ def naive_token_logps(model, tokens, input_mask, completion_len):
   return logps, entropy
 
 
-@functools.partial(nnx.jit, static_argnames=('hp',))
-def naive_train_step(model, optimizer, batch, hp):
-  """grpo.train_step's loss and micro-batching, with naive log-probs."""
-  graphdef, lora_params, rest = nnx.split(model, nnx.LoRAParam, ...)
-  mask = batch['completion_mask'].astype(jnp.float32)
-  completion_len = mask.shape[1]
-  # pylint: disable=protected-access
-  total = jnp.maximum(grpo._agg_count(mask, hp.loss_agg_mode), 1.0)
-  micros = grpo._micro_batches(batch, hp.micro_batch_size)
-
-  def loss_fn(params, micro):
-    module = nnx.merge(graphdef, params, rest)
-    logps, entropy = naive_token_logps(
-        module, micro['tokens'], micro['input_mask'], completion_len
-    )
-    micro_mask = micro['completion_mask'].astype(jnp.float32)
-    per_token, _ = grpo.clipped_surrogate(
-        logps, jax.lax.stop_gradient(logps), micro['advantages'],
-        hp.epsilon, hp.upper_epsilon,
-    )
-    if hp.beta > 0:
-      per_token = per_token + hp.beta * grpo.kl_divergence(
-          logps, micro['ref_logps'], hp.kl_estimator
-      )
-    weight = grpo._agg_count(micro_mask, hp.loss_agg_mode) / total
-    loss = grpo.aggregate_loss(per_token, micro_mask, hp.loss_agg_mode)
-    ent = (jax.lax.stop_gradient(entropy) * micro_mask).sum()
-    return loss * weight, ent
-
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-
-  def accumulate(carry, micro):
-    (loss, ent), grads = grad_fn(lora_params, micro)
-    return jax.tree.map(jnp.add, carry, (loss, ent, grads)), None
-
-  init = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32),
-          jax.tree.map(jnp.zeros_like, lora_params))
-  (loss, ent, grads), _ = jax.lax.scan(accumulate, init, micros)
-  optimizer.update(model, grads)
-  return {'loss': loss, 'entropy': ent / jnp.maximum(mask.sum(), 1.0)}
+# grpo's own update (loss, micro-batching, remat, optimizer) with the naive
+# log-probs in place of the chunked ones.
+# pylint: disable=protected-access
+NAIVE_TRAIN_STEP = grpo.make_train_step(
+    functools.partial(grpo._grads_and_metrics, logps_fn=naive_token_logps)
+)
+# pylint: enable=protected-access
 
 
 def memory_stats(compiled):
@@ -1023,7 +1050,9 @@ def synthetic_update(ctx):
 def memory_measurement(ctx):
   """Chunked (ours) vs naive full-logits update: memory and time."""
   config = ctx.config
-  hp = ctx.session.hp
+  # Both sides run every row in full (no shared prompt forward), so the
+  # log-prob computation is the only difference.
+  hp = dataclasses.replace(ctx.session.hp, prompt_group=1)
   update = ctx.last_update or synthetic_update(ctx)
   model = ctx.session.model
   batch = sharding.shard_batch(update, ctx.mesh)
@@ -1032,18 +1061,25 @@ def memory_measurement(ctx):
   # thing.
   start = jax.tree.map(jnp.copy, nnx.state(model, nnx.LoRAParam))
   sides = {}
-  for name, fn in (('ours', grpo.train_step), ('peer', naive_train_step)):
+  for name, step_fn in (('ours', grpo.TRAIN_STEP),
+                        ('peer', NAIVE_TRAIN_STEP)):
     nnx.update(model, jax.tree.map(jnp.copy, start))
     optimizer = nnx.Optimizer(model, make_tx(config, 1 + _STEPS.value),
                               wrt=nnx.LoRAParam)
+    graphdefs, arrays = grpo.train_step_inputs(model, optimizer)
     t0 = now()
-    compiled = fn.lower(model, optimizer, batch, hp=hp).compile()
+    compiled = step_fn(graphdefs).lower(*arrays, batch, hp=hp).compile()
     compile_s = now() - t0
     stats = memory_stats(compiled)
     times, first = [], None
     for step in range(1 + _STEPS.value):
       t0 = now()
-      metrics = jax.device_get(compiled(model, optimizer, batch))
+      # As grpo.train_step, with the executable compiled above.
+      _, arrays = grpo.train_step_inputs(model, optimizer)
+      lora, opt_state, metrics = compiled(*arrays, batch)
+      nnx.update(model, lora)
+      nnx.update(optimizer, opt_state)
+      metrics = jax.device_get(metrics)
       if step:
         times.append(now() - t0)
       else:
@@ -1081,6 +1117,8 @@ def memory_measurement(ctx):
       'vocab_size': int(model.embedder.input_embedding.shape[0]),
       'logps_chunk_size': hp.chunk_size,
       'beta': hp.beta,
+      'remat': hp.remat,
+      'prompt_group': hp.prompt_group,
       'memory_note': 'temp_bytes = XLA temp buffers; peak_bytes = temp + '
                      'argument + output - alias (weights included)',
       'input': 'last GRPO step batch' if ctx.last_update else 'synthetic',
@@ -1163,7 +1201,9 @@ def print_table(result):
       details.append(
           f"{ours['tokens_per_s']:.1f} tok/s, bound "
           f"{peer['tokens_per_s']:.1f} tok/s, "
-          f"{100 * ours['fraction_of_bound']:.1f}% of bound")
+          f"{100 * ours['fraction_of_bound']:.1f}% of bound; roofline "
+          f"{ours['roofline_tokens_per_s']:.1f} tok/s, "
+          f"{100 * ours['fraction_of_roofline']:.1f}%")
     if 'temp_bytes' in ours:
       details.append(
           f"temp {_fmt(ours['temp_bytes'], 'b')} vs "

@@ -6,6 +6,7 @@ an impossible combination costs seconds, not a model load.
 
 import math
 
+from agent_tunix import grpo
 from agent_tunix import rewards
 from agent_tunix import sharding
 from agent_tunix.data import pipeline
@@ -14,15 +15,12 @@ from agent_tunix.models import gemma
 _CHOICES = {
     'model.source': gemma.SOURCES,
     'model.dtype': tuple(gemma.DTYPES),
-    'model.remat': tuple(gemma.REMAT),
+    'model.remat': grpo.REMAT_MODES,
     'model.preset': tuple(gemma.PRESETS),
     'data.template': ('auto', 'chat', 'plain'),
-    'grpo.kl_estimator': ('k1', 'k3'),
-    'grpo.scale_rewards': ('group', 'batch', 'none'),
-    'grpo.loss_agg_mode': (
-        'token-mean', 'sequence-mean-token-mean',
-        'sequence-mean-token-sum-norm',
-    ),
+    'grpo.kl_estimator': grpo.KL_ESTIMATORS,
+    'grpo.scale_rewards': grpo.SCALE_REWARDS_MODES,
+    'grpo.loss_agg_mode': grpo.LOSS_AGG_MODES,
 }
 
 
@@ -60,14 +58,6 @@ def validate(config, num_devices=None, process_count=1):
   _require(
       m.lora_rank >= 0,
       f'config.model.lora_rank={m.lora_rank} must be >= 0 (0 disables LoRA).',
-  )
-  _require(
-      m.remat == 'none' or m.lora_rank == 0,
-      f'config.model.remat={m.remat!r} is not supported with LoRA yet: '
-      "tunix's nnx.remat of the backbone fails inside this project's LoRA "
-      "update (flax TraceContextError). Use model.remat='none'; to save "
-      'update memory lower training.micro_batch_size or '
-      'grpo.logps_chunk_size instead.',
   )
   _require(
       g.num_generations >= 2,

@@ -11,11 +11,14 @@ train loop:
 * `policy_logps(model, batch, hp)`: log-probs under the current policy, no
   gradient; the "old" log-probs when a batch is reused (num_iterations > 1).
 
-The jitted functions use `nnx.jit` with the hyperparameters `hp` (a frozen,
-hashable `StepHParams`) as a static argument, so each distinct `hp` compiles
-once. Inside, the model is split into its LoRA parameters and everything
-else; gradients are taken with `jax.value_and_grad` with respect to the LoRA
-state only, so the frozen backbone never gets a gradient buffer.
+The jitted functions are `jax.jit` over the model split into states, with
+the hyperparameters `hp` (a frozen, hashable `StepHParams`) as a static
+argument and the graph definitions closed over (`GraphJit`), so each
+distinct `hp` compiles once. They
+return only what changes (log-probs; new LoRA and optimizer state): `nnx.jit`
+would return every weight of the model too, a copy of all of them per call.
+Gradients are taken with `jax.value_and_grad` with respect to the LoRA state
+only, so the frozen backbone never gets a gradient buffer.
 
 Batch layout (N rows = prompts x generations, groups contiguous):
 
@@ -41,6 +44,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 import optax
+from tunix.models.gemma3 import model as gemma3_lib
 
 SCALE_REWARDS_MODES = ('group', 'batch', 'none')
 KL_ESTIMATORS = ('k1', 'k3')
@@ -49,6 +53,9 @@ LOSS_AGG_MODES = (
     'sequence-mean-token-mean',
     'sequence-mean-token-sum-norm',
 )
+# Rematerialisation in the update. tunix's RematConfig also names DECODER,
+# but its Gemma 3 modules only implement BLOCK (attention and MLP blocks).
+REMAT_MODES = ('none', 'block')
 
 # Added to the reward standard deviation so constant groups do not divide by 0.
 _STD_EPS = 1e-4
@@ -85,6 +92,13 @@ class StepHParams:
       logits buffer).
     micro_batch_size: rows per forward/backward pass; 0 means the whole batch.
       Must divide the number of rows in a batch.
+    remat: one of REMAT_MODES; 'block' recomputes each attention and MLP
+      block in the backward pass of the update instead of storing its
+      activations.
+    prompt_group: G when rows i*G .. i*G + G - 1 of every batch share their
+      prompt (the train loop's batches); each prompt then runs through the
+      model once per pass (see `per_token_logps`). 1 = no sharing. Must
+      divide micro_batch_size.
   """
 
   beta: float = 0.04
@@ -94,9 +108,12 @@ class StepHParams:
   loss_agg_mode: str = 'token-mean'
   chunk_size: int = 64
   micro_batch_size: int = 0
+  remat: str = 'none'
+  prompt_group: int = 1
 
   def __post_init__(self):
     _check_choice('kl_estimator', self.kl_estimator, KL_ESTIMATORS)
+    _check_choice('remat', self.remat, REMAT_MODES)
     _check_choice('loss_agg_mode', self.loss_agg_mode, LOSS_AGG_MODES)
     if self.beta < 0:
       raise ValueError(f'beta must be >= 0, got {self.beta}.')
@@ -108,6 +125,11 @@ class StepHParams:
       raise ValueError(
           f'micro_batch_size must be >= 0 (0 = whole batch), got '
           f'{self.micro_batch_size}.'
+      )
+    if self.prompt_group < 1 or self.micro_batch_size % self.prompt_group:
+      raise ValueError(
+          f'prompt_group={self.prompt_group} must be >= 1 and divide '
+          f'micro_batch_size={self.micro_batch_size}.'
       )
 
   @property
@@ -136,6 +158,10 @@ def hparams_from_config(config: Any) -> StepHParams:
       chunk_size=int(config.grpo.logps_chunk_size),
       micro_batch_size=int(
           config.training.micro_batch_size * config.grpo.num_generations
+      ),
+      remat=config.model.remat,
+      prompt_group=(
+          int(config.grpo.num_generations) if config.grpo.share_prompts else 1
       ),
   )
 
@@ -299,6 +325,109 @@ def final_hidden_states(
   return sown['all_hidden_states'].get_value()[-1]
 
 
+def can_share_prompts(model: nnx.Module, length: int,
+                      completion_len: int) -> bool:
+  """Whether `shared_prompt_hidden_states` equals the full forward here.
+
+  tunix's multi-token attention with a KV cache places its sliding-window
+  band as if the queries started at cache index 0; the band is irrelevant
+  (and both paths agree) when the whole sequence fits in the window. A
+  single completion token would take tunix's one-token decode path instead.
+
+  Args:
+    model: a tunix Gemma3 (optionally with LoRA).
+    length: P + C.
+    completion_len: C.
+
+  Returns:
+    True when the shared-prompt forward may be used.
+  """
+  window = getattr(getattr(model, 'config', None), 'sliding_window_size', 0)
+  return (bool(window) and length <= window and completion_len >= 2
+          and length - completion_len >= 2)
+
+
+def shared_prompt_hidden_states(
+    model: nnx.Module,
+    tokens: jax.Array,
+    input_mask: jax.Array,
+    completion_len: int,
+    group: int,
+    use_lora: bool = True,
+) -> jax.Array:
+  """Final hidden states that predict the completion, prompts run once.
+
+  Rows i*group .. i*group + group - 1 must share their prompt (the first
+  P = L - C tokens and mask). Each distinct prompt but its last token runs
+  through the model once, filling a KV cache; the cache is repeated `group`
+  times and the last prompt token plus the first C - 1 completion tokens of
+  every row run on top of it. This is the computation of
+  `final_hidden_states(...)[:, P - 1 : L - 1]` with the prompt's share done
+  once instead of `group` times (gradients from every row of a group add up
+  in the shared part). Callers check `can_share_prompts` first.
+
+  Args:
+    model: a tunix Gemma3 (optionally with qwix LoRA applied).
+    tokens: [N, L] left-padded prompts followed by completions.
+    input_mask: [N, L] True on real tokens.
+    completion_len: C.
+    group: rows per prompt (G); divides N.
+    use_lora: apply the LoRA adapters.
+
+  Returns:
+    [N, C, D] hidden states at positions P - 1 .. L - 2.
+  """
+  rows, length = tokens.shape
+  if rows % group:
+    raise ValueError(f'group={group} does not divide the {rows} rows.')
+  prompt_len = length - completion_len
+  cache_len = length - 1  # The last token predicts nothing here.
+  model_cls = type(model)
+  if not use_lora:
+    model_cls = getattr(model_cls, '_unquantized_type', model_cls)
+  positions = positions_from_mask(input_mask)
+  cfg = model.config
+  dtype = model.embedder.input_embedding[...].dtype
+  num_prompts = rows // group
+  shape = (num_prompts, cache_len, cfg.num_kv_heads, cfg.head_dim)
+  cache = {
+      f'layer_{i}': {
+          'k': jnp.zeros(shape, dtype),
+          'v': jnp.zeros(shape, dtype),
+          'end_index': jnp.zeros((num_prompts,), jnp.int32),
+      }
+      for i in range(cfg.num_layers)
+  }
+  # 1. Each prompt without its last token, once: only the cache is kept.
+  head = prompt_len - 1
+  head_mask = input_mask[::group, :head]
+  head_attn = jnp.pad(
+      causal_attention_mask(head_mask), ((0, 0), (0, 0), (0, cache_len - head))
+  )
+  _, cache = model_cls.__call__(
+      model, tokens[::group, :head], positions[::group, :head], cache,
+      head_attn,
+  )
+  cache = jax.tree.map(lambda x: jnp.repeat(x, group, axis=0), cache)
+  # 2. Every row: the last prompt token and the completion but its last
+  # token, attending to the cached prompt and to itself causally.
+  tail = slice(head, cache_len)
+  query_index = jnp.arange(head, cache_len)
+  tail_attn = (
+      (jnp.arange(cache_len)[None, :] <= query_index[:, None])[None]
+      & input_mask[:, None, :cache_len].astype(jnp.bool_)
+  )
+
+  def forward(module):
+    model_cls.__call__(
+        module, tokens[:, tail], positions[:, tail], cache, tail_attn,
+        output_hidden_states=True,
+    )
+
+  _, sown = nnx.capture(forward, nnx.Intermediate)(model)
+  return sown['all_hidden_states'].get_value()[-1]
+
+
 def per_token_logps(
     model: nnx.Module,
     tokens: jax.Array,
@@ -307,6 +436,7 @@ def per_token_logps(
     chunk_size: int,
     use_lora: bool = True,
     compute_entropy: bool = False,
+    group: int = 1,
 ) -> tuple[jax.Array, jax.Array | None]:
   """Log-probs of the last `completion_len` tokens given what precedes them.
 
@@ -318,6 +448,9 @@ def per_token_logps(
     chunk_size: sequence chunk for the vocabulary projection.
     use_lora: apply the LoRA adapters (False = reference policy).
     compute_entropy: also return per-token entropies.
+    group: rows per shared prompt (contiguous); above 1, each prompt runs
+      through the model once (`shared_prompt_hidden_states`) where
+      `can_share_prompts` allows it.
 
   Returns:
     (logps [B, C] float32, entropy [B, C] float32 or None).
@@ -328,9 +461,14 @@ def per_token_logps(
         f'completion_len={completion_len} must be in (0, {length}): the '
         'sequence needs at least one prompt token.'
     )
-  hidden = final_hidden_states(model, tokens, input_mask, use_lora=use_lora)
-  # Position t predicts token t + 1.
-  hidden = hidden[:, length - completion_len - 1 : length - 1]
+  if group > 1 and can_share_prompts(model, length, completion_len):
+    hidden = shared_prompt_hidden_states(
+        model, tokens, input_mask, completion_len, group, use_lora=use_lora
+    )
+  else:
+    hidden = final_hidden_states(model, tokens, input_mask, use_lora=use_lora)
+    # Position t predicts token t + 1.
+    hidden = hidden[:, length - completion_len - 1 : length - 1]
   targets = tokens[:, length - completion_len :]
   embedding = model.embedder.input_embedding[...]
   return chunked_token_logps(
@@ -492,16 +630,19 @@ def make_optimizer(
 # ------------------------------------------------------------------ update
 
 
-def _micro_batches(batch: dict[str, jax.Array], size: int):
+def _micro_batches(batch: dict[str, jax.Array], size: int, group: int = 1):
   """Splits every [N, ...] array into [N // size, size, ...] micro-batches.
 
-  Micro-batch k takes rows k, k + K, k + 2K, ... (K micro-batches), so when
-  the batch is sharded over devices in contiguous blocks of rows, every
-  micro-batch has rows on every device. `_merge_micro_batches` inverts it.
+  Micro-batch k takes groups of `group` contiguous rows k, k + K, k + 2K, ...
+  (K micro-batches; group 1 = single rows), so when the batch is sharded
+  over devices in contiguous blocks of rows, every micro-batch has rows on
+  every device, and a group (one prompt's rows) stays in one micro-batch.
+  `_merge_micro_batches` inverts it.
 
   Args:
     batch: dict of arrays with N rows; keys outside _BATCH_KEYS are dropped.
     size: rows per micro-batch; 0 means N (a single micro-batch).
+    group: rows kept together; divides size.
 
   Returns:
     The dict of reshaped arrays.
@@ -514,20 +655,69 @@ def _micro_batches(batch: dict[str, jax.Array], size: int):
         'rows; set training.micro_batch_size (in prompts) to a divisor of '
         'training.batch_size.'
     )
-  return {
-      key: value.reshape(size, rows // size, *value.shape[1:]).swapaxes(0, 1)
-      for key, value in batch.items()
-      if key in _BATCH_KEYS
-  }
+  count = rows // size
+
+  def split(value):
+    rest = value.shape[1:]
+    value = value.reshape(size // group, count, group, *rest).swapaxes(0, 1)
+    return value.reshape(count, size, *rest)
+
+  return {key: split(value) for key, value in batch.items()
+          if key in _BATCH_KEYS}
 
 
-def _merge_micro_batches(value: jax.Array) -> jax.Array:
+def _merge_micro_batches(value: jax.Array, group: int = 1) -> jax.Array:
   """[K, size, ...] per-micro-batch results back to [N, ...] row order."""
-  return value.swapaxes(0, 1).reshape(-1, *value.shape[2:])
+  count, size, *rest = value.shape
+  value = value.reshape(count, size // group, group, *rest).swapaxes(0, 1)
+  return value.reshape(count * size, *rest)
 
 
-def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams):
-  """Full-batch loss gradient w.r.t. LoRA params, accumulated over micros."""
+def _apply_remat(module: nnx.Module, mode: str) -> None:
+  """Sets tunix's block remat on a model merged inside the update's trace.
+
+  The setting lives on the modules (Attention.remat_config and the
+  ModelConfig of each FeedForward), so it is switched on only for the copy
+  the update differentiates; the sampler and the log-prob passes keep the
+  model as loaded (tunix's sampler cannot run a remat model).
+
+  Args:
+    module: a tunix Gemma3 merged with `copy=True` inside the current trace.
+    mode: one of REMAT_MODES.
+  """
+  if mode == 'none':
+    return
+  remat = gemma3_lib.RematConfig.BLOCK
+  found = 0
+  for _, sub in nnx.iter_modules(module):
+    if isinstance(sub, gemma3_lib.Attention):
+      sub.remat_config = remat
+      found += 1
+    elif isinstance(sub, gemma3_lib.FeedForward):
+      sub.config = dataclasses.replace(sub.config, remat_config=remat)
+      found += 1
+  if not found:
+    raise ValueError(
+        f'remat={mode!r} needs tunix Gemma 3 Attention/FeedForward modules; '
+        f'{type(module).__name__} has none. Use remat=\'none\'.'
+    )
+
+
+def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
+                       logps_fn=None):
+  """Full-batch loss gradient w.r.t. LoRA params, accumulated over micros.
+
+  Args:
+    model: the LoRA model.
+    batch: see the module docstring.
+    hp: static hyperparameters.
+    logps_fn: replaces `per_token_logps` (same arguments); the benchmark
+      passes a naive full-logits version.
+
+  Returns:
+    (LoRA grads State, metrics dict).
+  """
+  logps_fn = logps_fn or per_token_logps
   if hp.beta > 0 and 'ref_logps' not in batch:
     raise ValueError(
         f'beta={hp.beta} needs batch["ref_logps"]; compute them with '
@@ -540,8 +730,12 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams):
   total_tokens = jnp.maximum(mask.sum(), 1.0)
 
   def loss_fn(lora_state, micro):
-    module = nnx.merge(graphdef, lora_state, rest)
-    logps, entropy = per_token_logps(
+    # copy=True: fresh Variables and modules owned by this trace. With the
+    # outer ones, tunix's nnx.remat fails writing its outputs back (flax
+    # TraceContextError), and _apply_remat would change the caller's model.
+    module = nnx.merge(graphdef, lora_state, rest, copy=True)
+    _apply_remat(module, hp.remat)
+    logps, entropy = logps_fn(
         module,
         micro['tokens'],
         micro['input_mask'],
@@ -549,6 +743,7 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams):
         hp.chunk_size,
         use_lora=True,
         compute_entropy=True,
+        group=hp.prompt_group,
     )
     micro_mask = micro['completion_mask'].astype(jnp.float32)
     old_logps = micro.get('old_logps')
@@ -581,7 +776,7 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams):
     (loss, sums), grads = grad_fn(lora, micro)
     return jax.tree.map(jnp.add, carry, (loss, sums, grads)), None
 
-  micros = _micro_batches(batch, hp.micro_batch_size)
+  micros = _micro_batches(batch, hp.micro_batch_size, hp.prompt_group)
   zero_sums = {'clip_ratio': 0.0, 'entropy': 0.0}
   if hp.beta > 0:
     zero_sums['kl'] = 0.0
@@ -604,7 +799,35 @@ def compute_grads(model: nnx.Module, batch: dict[str, jax.Array],
   return _grads_and_metrics(model, batch, hp)
 
 
-@functools.partial(nnx.jit, static_argnames=('hp',))
+class GraphJit:
+  """`jax.jit` of fn(graphdefs, *args, **static) with the graphdefs closed over.
+
+  The jitted update and log-prob functions take the model split into states,
+  so that they return only what changes: `nnx.jit` returns the whole state of
+  every module argument, i.e. a copy of all the frozen weights per call.
+  tunix's GraphDefs hold its unhashable ModelConfig, so they cannot be static
+  arguments; instead each distinct (equal) tuple of graphdefs gets its own
+  jitted closure.
+  """
+
+  def __init__(self, fn, static_argnames=()):
+    self._fn = fn
+    self._static_argnames = static_argnames
+    self._entries = []
+
+  def __call__(self, graphdefs):
+    """The jitted function for these graphdefs (a tuple of nnx.GraphDef)."""
+    for known, jitted in self._entries:
+      if known == graphdefs:
+        return jitted
+    jitted = jax.jit(
+        functools.partial(self._fn, graphdefs),
+        static_argnames=self._static_argnames,
+    )
+    self._entries.append((graphdefs, jitted))
+    return jitted
+
+
 def train_step(
     model: nnx.Module,
     optimizer: nnx.Optimizer,
@@ -615,7 +838,9 @@ def train_step(
 
   Gradients are summed over micro-batches of hp.micro_batch_size rows, with
   weights that make the result equal to the gradient of the full-batch loss
-  for every loss_agg_mode; the optimizer then steps once.
+  for every loss_agg_mode; the optimizer then steps once. The compiled
+  program reads the frozen weights and returns only the new LoRA and
+  optimizer state (see `GraphJit`).
 
   Args:
     model: the LoRA model (its nnx.LoRAParam leaves are trained).
@@ -628,9 +853,43 @@ def train_step(
     entropy (mean per completion token), grad_norm (before clipping) and,
     when beta > 0, kl (mean per completion token).
   """
-  grads, metrics = _grads_and_metrics(model, batch, hp)
-  optimizer.update(model, grads)
+  graphdefs, arrays = train_step_inputs(model, optimizer)
+  lora, opt_state, metrics = TRAIN_STEP(graphdefs)(*arrays, batch, hp=hp)
+  nnx.update(model, lora)
+  nnx.update(optimizer, opt_state)
   return metrics
+
+
+def train_step_inputs(model: nnx.Module, optimizer: nnx.Optimizer):
+  """((graphdef, optimizer graphdef), (lora, rest, optimizer state))."""
+  graphdef, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
+  opt_graphdef, opt_state = nnx.split(optimizer)
+  return (graphdef, opt_graphdef), (lora, rest, opt_state)
+
+
+def make_train_step(grads_and_metrics) -> GraphJit:
+  """A functional update around `grads_and_metrics(model, batch, hp)`.
+
+  Args:
+    grads_and_metrics: returns (LoRA grads State, metrics dict).
+
+  Returns:
+    A GraphJit: step(graphdefs)(lora, rest, opt_state, batch, hp=hp) ->
+    (new LoRA State, new optimizer State, metrics).
+  """
+
+  def step(graphdefs, lora, rest, opt_state, batch, hp):
+    graphdef, opt_graphdef = graphdefs
+    model = nnx.merge(graphdef, lora, rest)
+    optimizer = nnx.merge(opt_graphdef, opt_state)
+    grads, metrics = grads_and_metrics(model, batch, hp)
+    optimizer.update(model, grads)
+    return nnx.state(model, nnx.LoRAParam), nnx.state(optimizer), metrics
+
+  return GraphJit(step, static_argnames=('hp',))
+
+
+TRAIN_STEP = make_train_step(_grads_and_metrics)
 
 
 def _batched_logps(model, batch, hp: StepHParams, use_lora: bool):
@@ -639,10 +898,11 @@ def _batched_logps(model, batch, hp: StepHParams, use_lora: bool):
   micros = _micro_batches(
       {'tokens': batch['tokens'], 'input_mask': batch['input_mask']},
       hp.micro_batch_size,
+      hp.prompt_group,
   )
 
   def one(micro):
-    module = nnx.merge(graphdef, state)
+    module = nnx.merge(graphdef, state, copy=True)  # see _grads_and_metrics
     logps, _ = per_token_logps(
         module,
         micro['tokens'],
@@ -650,21 +910,30 @@ def _batched_logps(model, batch, hp: StepHParams, use_lora: bool):
         completion_len,
         hp.chunk_size,
         use_lora=use_lora,
+        group=hp.prompt_group,
     )
     return logps
 
-  return _merge_micro_batches(jax.lax.map(one, micros))
+  return _merge_micro_batches(jax.lax.map(one, micros), hp.prompt_group)
 
 
-@functools.partial(nnx.jit, static_argnames=('hp',))
+def _logps(graphdefs, state, batch, hp, use_lora):
+  module = nnx.merge(graphdefs[0], state)
+  return jax.lax.stop_gradient(_batched_logps(module, batch, hp, use_lora))
+
+
+_LOGPS = GraphJit(_logps, static_argnames=('hp', 'use_lora'))
+
+
 def reference_logps(model: nnx.Module, batch: dict[str, jax.Array],
                     hp: StepHParams) -> jax.Array:
   """[N, C] completion log-probs under the base model (LoRA off)."""
-  return _batched_logps(model, batch, hp, use_lora=False)
+  graphdef, state = nnx.split(model)
+  return _LOGPS((graphdef,))(state, batch, hp=hp, use_lora=False)
 
 
-@functools.partial(nnx.jit, static_argnames=('hp',))
 def policy_logps(model: nnx.Module, batch: dict[str, jax.Array],
                  hp: StepHParams) -> jax.Array:
-  """[N, C] completion log-probs under the current policy (LoRA on)."""
-  return jax.lax.stop_gradient(_batched_logps(model, batch, hp, use_lora=True))
+  """[N, C] completion log-probs under the current policy (LoRA on), no grad."""
+  graphdef, state = nnx.split(model)
+  return _LOGPS((graphdef,))(state, batch, hp=hp, use_lora=True)

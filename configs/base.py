@@ -42,9 +42,9 @@ def get_config(arg=None):
   config.model.cache_dir = ''
   # Parameter dtype of the frozen base weights: 'float32' or 'bfloat16'.
   config.model.dtype = 'float32'
-  # Rematerialisation of the backbone in the update: 'none', 'block' or
-  # 'decoder' (recompute activations in the backward pass to save memory).
-  # Only 'none' works with LoRA for now (the others are refused).
+  # Rematerialisation in the update: 'none' or 'block' ('block' recomputes
+  # each attention and MLP block in the backward pass instead of storing its
+  # activations: less memory, one more forward of the backbone).
   config.model.remat = 'none'
   # LoRA rank; 0 disables LoRA (generate/evaluate the base model only;
   # training needs a rank >= 1).
@@ -128,6 +128,11 @@ def get_config(arg=None):
   # Sequence chunk for per-token log-probs, so [B, T, vocab] logits are never
   # materialised whole.
   config.grpo.logps_chunk_size = 64
+  # Run each prompt through the model once for its G completions (rollout
+  # prefill, reference and update passes) instead of once per completion.
+  # The log-prob passes share only when prompt + completion fits in the
+  # model's sliding window; otherwise they run every row in full.
+  config.grpo.share_prompts = True
 
   # ----------------------------------------------------------- generation
   config.generation = ml_collections.ConfigDict()

@@ -129,6 +129,14 @@ def test_decode_against_bandwidth_bound(quick):
       ours['tokens_per_s'],
       settings['batch_size'] * settings['decode_steps'] / ours['median_s'])
   assert peer['tokens_per_s'] > 0
+  # The roofline bound is the slower of bandwidth and compute.
+  compute_s = (settings['flops_per_step'] /
+               settings['matmul_throughput']['flops_per_s'])
+  roofline_s = max(compute_s, peer['median_s'] / settings['decode_steps'])
+  assert math.isclose(ours['roofline_tokens_per_s'],
+                      settings['batch_size'] / roofline_s)
+  assert math.isclose(ours['fraction_of_roofline'],
+                      ours['tokens_per_s'] / ours['roofline_tokens_per_s'])
 
 
 def test_goals_and_table(quick):

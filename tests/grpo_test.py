@@ -1,6 +1,7 @@
 """Tests for agent_tunix.grpo: GRPO math against NumPy, and the update."""
 
 import os
+import re
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
@@ -24,7 +25,7 @@ _LORA_PATHS = (
 _VOCAB = 128
 
 
-def _tiny_config():
+def _tiny_config(sliding_window_size=8):
   return model_lib.ModelConfig(
       num_layers=2,
       num_embed=_VOCAB,
@@ -33,7 +34,7 @@ def _tiny_config():
       num_heads=2,
       head_dim=16,
       num_kv_heads=1,
-      sliding_window_size=8,
+      sliding_window_size=sliding_window_size,
       param_dtype=jnp.float32,
   )
 
@@ -52,8 +53,10 @@ def _random_state(abstract_state, seed, lora_b_scale):
   return jax.tree_util.tree_map_with_path(fill, abstract_state)
 
 
-def _build_lora_model():
-  base = model_lib.Gemma3(_tiny_config(), rngs=nnx.Rngs(0))
+def _build_lora_model(sliding_window_size=8):
+  base = model_lib.Gemma3(
+      _tiny_config(sliding_window_size), rngs=nnx.Rngs(0)
+  )
   provider = qwix.LoraProvider(module_path=_LORA_PATHS, rank=4, alpha=8.0)
   return qwix.apply_lora_to_model(
       base, provider, **base.get_model_input(), rngs=nnx.Rngs(0)
@@ -329,6 +332,8 @@ def test_hparams_validation_and_defaults():
     grpo.StepHParams(loss_agg_mode='sum')
   with pytest.raises(ValueError, match="'k9'"):
     grpo.StepHParams(kl_estimator='k9')
+  with pytest.raises(ValueError, match="'decoder'.*none, block"):
+    grpo.StepHParams(remat='decoder')
 
 
 def test_hparams_from_base_config():
@@ -345,6 +350,11 @@ def test_hparams_from_base_config():
   )
   assert hp.loss_agg_mode == config.grpo.loss_agg_mode
   assert hp.chunk_size == config.grpo.logps_chunk_size
+  assert hp.remat == config.model.remat
+  assert config.grpo.share_prompts
+  assert hp.prompt_group == config.grpo.num_generations
+  config.grpo.share_prompts = False
+  assert grpo.hparams_from_config(config).prompt_group == 1
 
 
 # ---------------------------------------------------------------- the model
@@ -467,6 +477,41 @@ def test_micro_batched_grads_equal_full_batch(full_batch_reference, mode):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_block_remat_update_equals_plain_update(full_batch_reference):
+  model, batch, reference = full_batch_reference
+  (want_loss, want_kl), want_grads = reference['token-mean']
+  hp = grpo.StepHParams(micro_batch_size=2, remat='block', **_LOSS_HP)
+  grads, metrics = grpo.compute_grads(model, batch, hp)
+  np.testing.assert_allclose(metrics['loss'], want_loss, rtol=1e-4)
+  np.testing.assert_allclose(metrics['kl'], want_kl, rtol=1e-4)
+  for want, got in zip(jax.tree.leaves(want_grads), jax.tree.leaves(grads)):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+  # Remat really happens (one checkpoint per attention and MLP block), and
+  # only inside the update: the caller's model keeps its plain setting.
+  graphdef, state = nnx.split(model)
+
+  def traced(remat):
+    hp = grpo.StepHParams(
+        micro_batch_size=2, remat=remat, **{**_LOSS_HP, 'chunk_size': 5}
+    )
+    return str(jax.make_jaxpr(
+        lambda s: grpo._grads_and_metrics(nnx.merge(graphdef, s), batch, hp)
+    )(state))
+
+  # jax.checkpoint shows as `remat2[...]` (newer JAX: `checkpoint[...]`).
+  def count(jaxpr):
+    return len(re.findall(r'\b(?:remat2|checkpoint)\[', jaxpr))
+
+  assert count(traced('none')) == 0
+  # 2 layers x (attention + MLP); chunk_size >= C so log-probs add none.
+  assert count(traced('block')) == 4
+  for _, sub in nnx.iter_modules(model):
+    if isinstance(sub, model_lib.Attention):
+      assert sub.remat_config == model_lib.RematConfig.NONE
+    if isinstance(sub, model_lib.FeedForward):
+      assert sub.config.remat_config == model_lib.RematConfig.NONE
+
+
 def test_train_step_changes_only_lora_and_reduces_loss(abstract_lora_model):
   model = _lora_model(abstract_lora_model)
   tx, _ = grpo.make_optimizer(
@@ -524,3 +569,129 @@ def test_train_step_rejects_bad_batch(abstract_lora_model):
   del batch['ref_logps']
   with pytest.raises(ValueError, match='ref_logps'):
     grpo.compute_grads(model, batch, grpo.StepHParams(beta=0.1))
+
+
+# ------------------------------------------------------- shared prompts
+
+_G = 3
+
+
+@pytest.fixture(scope='module')
+def wide_window_model():
+  """The tiny LoRA model with a sliding window wider than the test batches."""
+  abstract = nnx.split(nnx.eval_shape(lambda: _build_lora_model(64)))
+  return _lora_model(abstract)
+
+
+def _grouped_batch(num_prompts=4, prompt_len=5, completion_len=4, seed=0):
+  """G rows per prompt (contiguous), left-padded prompts, ragged ends."""
+  rng = np.random.default_rng(seed)
+  rows = num_prompts * _G
+  prompt = rng.integers(1, _VOCAB, (num_prompts, prompt_len))
+  prompt_mask = np.ones((num_prompts, prompt_len), bool)
+  for i in range(num_prompts):
+    pad = i % (prompt_len - 1)  # keep >= 1 real prompt token
+    prompt[i, :pad] = 0
+    prompt_mask[i, :pad] = False
+  completion = rng.integers(1, _VOCAB, (rows, completion_len))
+  completion_mask = np.ones((rows, completion_len), bool)
+  for row in range(rows):
+    kept = completion_len - row % completion_len
+    completion[row, kept:] = 0
+    completion_mask[row, kept:] = False
+  shape = (rows, completion_len)
+  return {
+      'tokens': jnp.asarray(np.concatenate(
+          [np.repeat(prompt, _G, axis=0), completion], axis=1), jnp.int32),
+      'input_mask': jnp.asarray(np.concatenate(
+          [np.repeat(prompt_mask, _G, axis=0), completion_mask], axis=1)),
+      'completion_mask': jnp.asarray(completion_mask, jnp.float32),
+      'advantages': jnp.asarray(rng.normal(size=rows), jnp.float32),
+      'old_logps': jnp.asarray(-3.0 + 0.3 * rng.normal(size=shape),
+                               jnp.float32),
+      'ref_logps': jnp.asarray(-3.0 + 0.3 * rng.normal(size=shape),
+                               jnp.float32),
+  }
+
+
+def test_micro_batches_keep_groups_together():
+  rows = np.arange(12)
+  micros = grpo._micro_batches({'tokens': rows}, size=6, group=3)
+  # Two micro-batches of two groups each: groups 0, 2 and groups 1, 3.
+  np.testing.assert_array_equal(
+      micros['tokens'], [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9, 10, 11]])
+  np.testing.assert_array_equal(
+      grpo._merge_micro_batches(micros['tokens'], group=3), rows)
+  # group=1 is the row-strided split.
+  single = grpo._micro_batches({'tokens': rows}, size=6)['tokens']
+  np.testing.assert_array_equal(single[0], [0, 2, 4, 6, 8, 10])
+  np.testing.assert_array_equal(grpo._merge_micro_batches(single), rows)
+
+
+@pytest.mark.parametrize('use_lora', [True, False])
+def test_shared_prompt_logps_equal_full_forward(wide_window_model, use_lora):
+  model = wide_window_model
+  batch = _grouped_batch()
+  length, c = batch['tokens'].shape[1], batch['completion_mask'].shape[1]
+  assert grpo.can_share_prompts(model, length, c)
+  args = (model, batch['tokens'], batch['input_mask'], c, 3)
+  want = grpo.per_token_logps(*args, use_lora=use_lora, compute_entropy=True)
+  got = grpo.per_token_logps(*args, use_lora=use_lora, compute_entropy=True,
+                             group=_G)
+  for w, g in zip(want, got):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=2e-5)
+  # The shared path really ran: its hidden states come from two model calls
+  # (the prompt once per group, then every row's tail).
+  graphdef, state = nnx.split(model)
+
+  def jaxpr(group):
+    def logps(state):
+      module = nnx.merge(graphdef, state, copy=True)
+      return grpo.per_token_logps(module, batch['tokens'],
+                                  batch['input_mask'], c, 3, group=group)[0]
+    return str(jax.make_jaxpr(logps)(state))
+
+  # Writes into the KV cache happen only on the shared path.
+  assert 'dynamic_update_slice' in jaxpr(_G)
+  assert 'dynamic_update_slice' not in jaxpr(1)
+
+
+def test_shared_prompts_need_the_sequence_inside_the_window(
+    wide_window_model, abstract_lora_model):
+  assert grpo.can_share_prompts(wide_window_model, 64, 4)
+  assert not grpo.can_share_prompts(wide_window_model, 65, 4)
+  assert not grpo.can_share_prompts(wide_window_model, 9, 1)
+  assert not grpo.can_share_prompts(wide_window_model, 5, 4)  # 1-token prompt
+  narrow = _lora_model(abstract_lora_model)  # window 8
+  assert not grpo.can_share_prompts(narrow, 9, 4)
+  # Too long for the window: group > 1 falls back to the full forward.
+  batch = _grouped_batch(prompt_len=6, completion_len=4)  # L = 10 > 8
+  args = (narrow, batch['tokens'], batch['input_mask'], 4, 4)
+  np.testing.assert_array_equal(grpo.per_token_logps(*args, group=_G)[0],
+                                grpo.per_token_logps(*args)[0])
+
+
+def test_shared_prompt_update_equals_full_update(wide_window_model):
+  model = wide_window_model
+  batch = _grouped_batch()
+  base = dict(micro_batch_size=2 * _G, **_LOSS_HP)
+  want_grads, want = grpo.compute_grads(
+      model, batch, grpo.StepHParams(**base))
+  got_grads, got = grpo.compute_grads(
+      model, batch, grpo.StepHParams(prompt_group=_G, **base))
+  for key in want:
+    np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-6)
+  for w, g in zip(jax.tree.leaves(want_grads), jax.tree.leaves(got_grads)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+  hp = grpo.StepHParams(prompt_group=_G, **base)
+  for fn in (grpo.reference_logps, grpo.policy_logps):
+    np.testing.assert_allclose(
+        fn(model, batch, hp), fn(model, batch, grpo.StepHParams(**base)),
+        rtol=1e-5, atol=2e-5)
+
+
+def test_prompt_group_must_divide_the_micro_batch():
+  with pytest.raises(ValueError, match='prompt_group=3 .*micro_batch_size=4'):
+    grpo.StepHParams(micro_batch_size=4, prompt_group=3)
+  with pytest.raises(ValueError, match='prompt_group=0'):
+    grpo.StepHParams(prompt_group=0)

@@ -36,11 +36,6 @@ PRESETS = {
 }
 SOURCES = ('gguf', 'hf', 'kaggle', 'orbax', 'random')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
-REMAT = {
-    'none': model_lib.RematConfig.NONE,
-    'block': model_lib.RematConfig.BLOCK,
-    'decoder': model_lib.RematConfig.DECODER,
-}
 # The Gemma 3 vocabulary; the tiny model keeps it so the real tokenizer works.
 VOCAB_SIZE = 262144
 
@@ -66,15 +61,17 @@ def is_instruction_tuned(preset):
 
 
 def model_config(model_cfg):
-  """The tunix ModelConfig for `config.model` (preset, dtype, remat)."""
+  """The tunix ModelConfig for `config.model` (preset and dtype).
+
+  `config.model.remat` is not part of it: the loaded model serves the sampler
+  too, so remat is switched on only inside the update (grpo._apply_remat).
+  """
   if model_cfg.preset not in PRESETS:
     raise ValueError(
         f'config.model.preset={model_cfg.preset!r} is unknown; choose one of '
         f'{sorted(PRESETS)}.'
     )
-  overrides = dict(
-      param_dtype=DTYPES[model_cfg.dtype], remat_config=REMAT[model_cfg.remat]
-  )
+  overrides = dict(param_dtype=DTYPES[model_cfg.dtype])
   if model_cfg.preset == 'tiny':
     return tiny_config(**overrides)
   return dataclasses.replace(PRESETS[model_cfg.preset](), **overrides)
