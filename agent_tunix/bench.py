@@ -478,12 +478,10 @@ def ours_grpo(ctx):
   steps, warmup = [], []
   for step in range(1, total_steps + 1):
     t0 = now()
-    out = sampler.generate(  # As train.py does.
-        ctx.prompt_tokens if g.share_prompts else rows['prompt_tokens'],
-        gen.max_generation_steps,
+    out = sampler.generate(
+        ctx.prompt_tokens, gen.max_generation_steps,
         train.step_seed(config.training.seed, step), gen.temperature,
-        gen.top_k, gen.top_p,
-        num_generations=num_g if g.share_prompts else 1,
+        gen.top_k, gen.top_p, num_generations=num_g,
     )
     t1 = now()
     rewards = np.asarray(toy_reward(prompts, out.texts), np.float32)
@@ -1074,12 +1072,9 @@ def memory_measurement(ctx):
     times, first = [], None
     for step in range(1 + _STEPS.value):
       t0 = now()
-      # As grpo.train_step, with the executable compiled above.
-      _, arrays = grpo.train_step_inputs(model, optimizer)
-      lora, opt_state, metrics = compiled(*arrays, batch)
-      nnx.update(model, lora)
-      nnx.update(optimizer, opt_state)
-      metrics = jax.device_get(metrics)
+      metrics = jax.device_get(grpo.run_train_step(
+          lambda _: compiled, model, optimizer, batch  # pylint: disable=cell-var-from-loop
+      ))
       if step:
         times.append(now() - t0)
       else:

@@ -853,8 +853,28 @@ def train_step(
     entropy (mean per completion token), grad_norm (before clipping) and,
     when beta > 0, kl (mean per completion token).
   """
+  return run_train_step(
+      lambda graphdefs: functools.partial(TRAIN_STEP(graphdefs), hp=hp),
+      model, optimizer, batch,
+  )
+
+
+def run_train_step(step_for, model, optimizer, batch):
+  """Runs a functional update on a model/optimizer and writes it back.
+
+  Args:
+    step_for: graphdefs -> f(lora, rest, opt_state, batch) returning (new
+      LoRA State, new optimizer State, metrics): a `make_train_step`
+      function with its hp bound, or an executable compiled from one.
+    model: the LoRA model, updated in place.
+    optimizer: its nnx.Optimizer, updated in place.
+    batch: dict of arrays.
+
+  Returns:
+    The step's metrics.
+  """
   graphdefs, arrays = train_step_inputs(model, optimizer)
-  lora, opt_state, metrics = TRAIN_STEP(graphdefs)(*arrays, batch, hp=hp)
+  lora, opt_state, metrics = step_for(graphdefs)(*arrays, batch)
   nnx.update(model, lora)
   nnx.update(optimizer, opt_state)
   return metrics
@@ -892,8 +912,8 @@ def make_train_step(grads_and_metrics) -> GraphJit:
 TRAIN_STEP = make_train_step(_grads_and_metrics)
 
 
-def _batched_logps(model, batch, hp: StepHParams, use_lora: bool):
-  graphdef, state = nnx.split(model)
+def _logps(graphdefs, state, batch, hp, use_lora):
+  """[N, C] log-probs of the model (graphdefs[0], state), micro-batched."""
   completion_len = batch['completion_mask'].shape[1]
   micros = _micro_batches(
       {'tokens': batch['tokens'], 'input_mask': batch['input_mask']},
@@ -902,7 +922,8 @@ def _batched_logps(model, batch, hp: StepHParams, use_lora: bool):
   )
 
   def one(micro):
-    module = nnx.merge(graphdef, state, copy=True)  # see _grads_and_metrics
+    # copy=True: see _grads_and_metrics.
+    module = nnx.merge(graphdefs[0], state, copy=True)
     logps, _ = per_token_logps(
         module,
         micro['tokens'],
@@ -914,26 +935,25 @@ def _batched_logps(model, batch, hp: StepHParams, use_lora: bool):
     )
     return logps
 
-  return _merge_micro_batches(jax.lax.map(one, micros), hp.prompt_group)
-
-
-def _logps(graphdefs, state, batch, hp, use_lora):
-  module = nnx.merge(graphdefs[0], state)
-  return jax.lax.stop_gradient(_batched_logps(module, batch, hp, use_lora))
+  logps = _merge_micro_batches(jax.lax.map(one, micros), hp.prompt_group)
+  return jax.lax.stop_gradient(logps)
 
 
 _LOGPS = GraphJit(_logps, static_argnames=('hp', 'use_lora'))
 
 
+def _model_logps(model, batch, hp, use_lora):
+  graphdef, state = nnx.split(model)
+  return _LOGPS((graphdef,))(state, batch, hp=hp, use_lora=use_lora)
+
+
 def reference_logps(model: nnx.Module, batch: dict[str, jax.Array],
                     hp: StepHParams) -> jax.Array:
   """[N, C] completion log-probs under the base model (LoRA off)."""
-  graphdef, state = nnx.split(model)
-  return _LOGPS((graphdef,))(state, batch, hp=hp, use_lora=False)
+  return _model_logps(model, batch, hp, use_lora=False)
 
 
 def policy_logps(model: nnx.Module, batch: dict[str, jax.Array],
                  hp: StepHParams) -> jax.Array:
   """[N, C] completion log-probs under the current policy (LoRA on), no grad."""
-  graphdef, state = nnx.split(model)
-  return _LOGPS((graphdef,))(state, batch, hp=hp, use_lora=True)
+  return _model_logps(model, batch, hp, use_lora=True)

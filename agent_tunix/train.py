@@ -131,14 +131,11 @@ def rollout_batch(session, batch, step):
   gen = config.generation
   rows = rollout.repeat_groups(batch, g)
   prompt_tokens = sharding.gather_rows(batch['prompt_tokens'])
-  own = sharding.own_rows(len(prompt_tokens), g)
-  # Shared: one prefill per prompt; else every repeated row runs its own.
-  share = config.grpo.share_prompts
   out = session.sampler.generate(
-      prompt_tokens if share else np.repeat(prompt_tokens, g, axis=0),
-      gen.max_generation_steps, step_seed(config.training.seed, step),
-      gen.temperature, gen.top_k, gen.top_p, rows=own,
-      num_generations=g if share else 1,
+      prompt_tokens, gen.max_generation_steps,
+      step_seed(config.training.seed, step), gen.temperature, gen.top_k,
+      gen.top_p, rows=sharding.own_rows(len(prompt_tokens), g),
+      num_generations=g,
   )
   prompts = list(rows['prompt'])
   total, per_fn = session.reward_set(

@@ -128,10 +128,10 @@ def get_config(arg=None):
   # Sequence chunk for per-token log-probs, so [B, T, vocab] logits are never
   # materialised whole.
   config.grpo.logps_chunk_size = 64
-  # Run each prompt through the model once for its G completions (rollout
-  # prefill, reference and update passes) instead of once per completion.
-  # The log-prob passes share only when prompt + completion fits in the
-  # model's sliding window; otherwise they run every row in full.
+  # Reference and update passes: run each prompt through the model once for
+  # its G completions instead of once per completion, when prompt +
+  # completion fits in the model's sliding window (otherwise every row runs
+  # in full). The rollout always prefills each prompt once (exact).
   config.grpo.share_prompts = True
 
   # ----------------------------------------------------------- generation
