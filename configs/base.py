@@ -42,9 +42,12 @@ def get_config(arg=None):
   config.model.cache_dir = ''
   # Parameter dtype of the frozen base weights: 'float32' or 'bfloat16'.
   config.model.dtype = 'float32'
-  # Rematerialisation in the update: 'none' or 'block' ('block' recomputes
-  # each attention and MLP block in the backward pass instead of storing its
-  # activations: less memory, one more forward of the backbone).
+  # Rematerialisation in the update: 'none', 'block' or 'layer'. 'layer'
+  # keeps only each decoder layer's input and recomputes the layer in the
+  # backward pass once its output gradient exists (the least memory; one
+  # more forward of the backbone). 'block' is tunix's own attention/MLP
+  # block remat; on CPU, XLA schedules its recomputation early and it saves
+  # little.
   config.model.remat = 'none'
   # LoRA rank; 0 disables LoRA (generate/evaluate the base model only;
   # training needs a rank >= 1).

@@ -16,8 +16,8 @@ def get_config(arg=None):
   config.model.preset = 'gemma3_1b_pt'
   config.model.path = 'google/gemma-3/flax/gemma3-1b'
   config.model.dtype = 'bfloat16'
-  # 896-token sequences: recompute attention/MLP blocks in the backward pass.
-  config.model.remat = 'block'
+  # 896-token sequences: recompute each decoder layer in the backward pass.
+  config.model.remat = 'layer'
   config.data.source = 'gsm8k_tfds'
   config.data.num_train_examples = 0
   config.data.num_eval_examples = 256

@@ -1,9 +1,10 @@
 """Tests of the benchmark CLI (`python -m agent_tunix.bench`): JSON schema only.
 
 One quick run in a subprocess (tiny random model, short lengths, two timed
-steps) writes the JSON that the tests check. The tunix, TRL and memory
-sections are skipped to keep it short, which also checks that skipped
-sections are reported with a reason. No timing assertions.
+steps) writes the JSON that most tests check. The tunix, TRL and memory
+sections are skipped there to keep it short, which also checks that skipped
+sections are reported with a reason; a second quick run has only the memory
+section. No timing assertions.
 """
 
 import json
@@ -168,3 +169,33 @@ def test_measurement_status_and_ratio():
   assert bench.measurement('x', [], {}, reason='r')['status'] == 'skipped'
   assert bench.measurement('x', [], {}, ours, peer, 'e',
                            error=True)['status'] == 'error'
+
+
+def test_memory_section(tmp_path):
+  out = tmp_path / 'memory.json'
+  proc = _run_bench('--quick', '--steps=1', '--skip=grpo,tunix,trl,decode',
+                    f'--output={out}')
+  assert proc.returncode == 0, proc.stderr[-6000:]
+  with open(out) as f:
+    result = json.load(f)
+  m = _by_name(result)['update_memory']
+  assert m['status'] == 'ok', m['reason']
+  settings = m['settings']
+  assert settings['vocab_size'] == 262144
+  assert settings['remat'] == 'layer'  # --quick's setting
+  assert settings['peer_remat'] == 'none'
+  ours, peer = m['ours'], m['peer']
+  for side in (ours, peer):
+    assert len(side['steps_s']) == 1
+    assert side['peak_bytes'] >= side['temp_bytes'] > 0
+  # Same computation on both sides (the bench checks it too).
+  assert math.isclose(ours['first_loss'], peer['first_loss'], rel_tol=1e-3,
+                      abs_tol=1e-3)
+  for key in ('temp_bytes', 'peak_bytes'):
+    assert math.isclose(ours[key + '_ratio'], ours[key] / peer[key])
+    same = peer['same_remat'][key]
+    assert math.isclose(ours[key + '_ratio_same_remat'], ours[key] / same)
+  goal = result['goals']['update_memory_le_0.25_naive']
+  assert math.isclose(goal['value'], ours['peak_bytes_ratio'])
+  assert goal['met'] == (goal['value'] <= 0.25)
+  assert 'naive with remat layer' in proc.stdout

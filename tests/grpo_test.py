@@ -1,5 +1,6 @@
 """Tests for agent_tunix.grpo: GRPO math against NumPy, and the update."""
 
+import functools
 import os
 import re
 
@@ -477,17 +478,18 @@ def test_micro_batched_grads_equal_full_batch(full_batch_reference, mode):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_block_remat_update_equals_plain_update(full_batch_reference):
+@pytest.mark.parametrize('mode', ['block', 'layer'])
+def test_remat_update_equals_plain_update(full_batch_reference, mode):
   model, batch, reference = full_batch_reference
   (want_loss, want_kl), want_grads = reference['token-mean']
-  hp = grpo.StepHParams(micro_batch_size=2, remat='block', **_LOSS_HP)
+  hp = grpo.StepHParams(micro_batch_size=2, remat=mode, **_LOSS_HP)
   grads, metrics = grpo.compute_grads(model, batch, hp)
   np.testing.assert_allclose(metrics['loss'], want_loss, rtol=1e-4)
   np.testing.assert_allclose(metrics['kl'], want_kl, rtol=1e-4)
   for want, got in zip(jax.tree.leaves(want_grads), jax.tree.leaves(grads)):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-  # Remat really happens (one checkpoint per attention and MLP block), and
-  # only inside the update: the caller's model keeps its plain setting.
+  # Remat really happens, and only inside the update: the caller's model
+  # keeps its plain setting.
   graphdef, state = nnx.split(model)
 
   def traced(remat):
@@ -498,18 +500,86 @@ def test_block_remat_update_equals_plain_update(full_batch_reference):
         lambda s: grpo._grads_and_metrics(nnx.merge(graphdef, s), batch, hp)
     )(state))
 
-  # jax.checkpoint shows as `remat2[...]` (newer JAX: `checkpoint[...]`).
-  def count(jaxpr):
-    return len(re.findall(r'\b(?:remat2|checkpoint)\[', jaxpr))
+  def count(pattern, jaxpr):
+    return len(re.findall(pattern, jaxpr))
 
-  assert count(traced('none')) == 0
-  # 2 layers x (attention + MLP); chunk_size >= C so log-probs add none.
-  assert count(traced('block')) == 4
+  plain = traced('none')
+  if mode == 'block':
+    # jax.checkpoint shows as `remat2[...]` (newer JAX: `checkpoint[...]`):
+    # 2 layers x (attention + MLP); chunk_size >= C so log-probs add none.
+    assert count(r'\b(?:remat2|checkpoint)\[', plain) == 0
+    assert count(r'\b(?:remat2|checkpoint)\[', traced(mode)) == 4
+  else:
+    # The custom VJP is resolved in the traced gradient; what remains is
+    # the layers' forward run a second time in the backward pass.
+    extra = (count(r'\bdot_general\[', traced(mode)) -
+             count(r'\bdot_general\[', plain))
+    assert extra > 0
+    # The layer modules of the caller's model keep their class.
   for _, sub in nnx.iter_modules(model):
     if isinstance(sub, model_lib.Attention):
       assert sub.remat_config == model_lib.RematConfig.NONE
-    if isinstance(sub, model_lib.FeedForward):
+    if isinstance(sub, (model_lib.FeedForward, model_lib.DecoderLayer)):
       assert sub.config.remat_config == model_lib.RematConfig.NONE
+    if isinstance(sub, model_lib.DecoderLayer):
+      assert type(sub) is model_lib.DecoderLayer
+
+
+def _toy_stack(layers=8, tokens=256, dim=64, hidden=256):
+  keys = jax.random.split(jax.random.key(0), 3 * layers + 1)
+  shapes = [(dim, hidden), (dim, hidden), (hidden, dim)]
+  weights = [
+      tuple(0.1 * jax.random.normal(keys[3 * i + j], shape)
+            for j, shape in enumerate(shapes))
+      for i in range(layers)
+  ]
+  x = jax.random.normal(keys[-1], (tokens, dim))
+  return weights, x
+
+
+def _toy_layer(lora_scale, frozen, x):
+  a, b, c = frozen
+  h = jax.nn.gelu(x @ a) * (x @ b) * lora_scale
+  return x + h @ c
+
+
+def _toy_loss(scales, weights, x, mode):
+  shift = jnp.tanh(scales[0])  # closed over below: a perturbed closure value
+  for scale, frozen in zip(scales, weights):
+    if mode == 'none':
+      x = _toy_layer(scale, frozen, x) + shift
+    elif mode == 'checkpoint':
+      x = jax.checkpoint(_toy_layer)(scale, frozen, x) + shift
+    else:
+      x = grpo.remat_after_cotangent(
+          lambda d, f: _toy_layer(d[0], f, d[1]) + shift, (scale, x), frozen
+      )
+  return (x ** 2).mean()
+
+
+def test_remat_after_cotangent_grads_and_memory():
+  weights, x = _toy_stack()
+  scales = jnp.linspace(0.5, 1.5, len(weights))
+  grad = {
+      mode: jax.jit(jax.grad(
+          functools.partial(_toy_loss, mode=mode), argnums=(0, 2)
+      ))
+      for mode in ('none', 'checkpoint', 'cotangent')
+  }
+  want = grad['none'](scales, weights, x)
+  got = grad['cotangent'](scales, weights, x)
+  for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+  # What it is for: with the recomputation tied to the cotangent, XLA keeps
+  # about one layer's activations alive instead of all of them (CPU drops
+  # jax.checkpoint's barriers, so plain checkpointing saves little there).
+  temp = {
+      mode: fn.lower(scales, weights, x).compile().memory_analysis()
+      .temp_size_in_bytes
+      for mode, fn in grad.items()
+  }
+  assert temp['cotangent'] < 0.5 * temp['none'], temp
+  assert temp['cotangent'] < temp['checkpoint'], temp
 
 
 def test_train_step_changes_only_lora_and_reduces_loss(abstract_lora_model):
@@ -671,14 +741,17 @@ def test_shared_prompts_need_the_sequence_inside_the_window(
                                 grpo.per_token_logps(*args)[0])
 
 
-def test_shared_prompt_update_equals_full_update(wide_window_model):
+@pytest.mark.parametrize('remat', ['none', 'layer'])
+def test_shared_prompt_update_equals_full_update(wide_window_model, remat):
   model = wide_window_model
   batch = _grouped_batch()
   base = dict(micro_batch_size=2 * _G, **_LOSS_HP)
   want_grads, want = grpo.compute_grads(
       model, batch, grpo.StepHParams(**base))
+  # With remat='layer' the layers also run with a KV cache (int end_index)
+  # inside the recomputed region.
   got_grads, got = grpo.compute_grads(
-      model, batch, grpo.StepHParams(prompt_group=_G, **base))
+      model, batch, grpo.StepHParams(prompt_group=_G, remat=remat, **base))
   for key in want:
     np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-6)
   for w, g in zip(jax.tree.leaves(want_grads), jax.tree.leaves(got_grads)):
