@@ -127,7 +127,7 @@ _INVALID = [
     ('mesh_names_and_shape_differ', _set(mesh__shape=(-1, 1, 1)), 1,
      'mesh.axis_names', 'one name per axis'),
     ('remat_unknown', _set(model__remat='decoder'), 1, 'model.remat',
-     "not one of ['none', 'block']"),
+     "not one of ['none', 'block', 'layer']"),
     ('one_generation', _set(grpo__num_generations=1), 1,
      'grpo.num_generations', 'at least 2'),
     ('generation_beyond_kv_cache',
