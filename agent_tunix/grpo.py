@@ -53,8 +53,9 @@ LOSS_AGG_MODES = (
     'sequence-mean-token-mean',
     'sequence-mean-token-sum-norm',
 )
-# Rematerialisation in the update. tunix's RematConfig also names DECODER,
-# but its Gemma 3 modules only implement BLOCK (attention and MLP blocks).
+# Rematerialisation in the update: 'block' is tunix's RematConfig.BLOCK;
+# 'layer' is ours (`_LayerRematDecoderLayer`), not tunix's DECODER, whose
+# jax.checkpoint recomputation XLA CPU schedules early (no memory saved).
 REMAT_MODES = ('none', 'block', 'layer')
 
 # Added to the reward standard deviation so constant groups do not divide by 0.
