@@ -148,3 +148,44 @@ def test_shared_prompt_prefill_equals_repeated_rows(tiny_rollout, prompts,
   np.testing.assert_array_equal(subset.tokens, want.tokens[[1, 2]])
   with pytest.raises(ValueError, match='num_generations=0'):
     sampler.generate(distinct, _STEPS, seed=3, num_generations=0)
+
+
+def test_column_decode_embedder_is_the_same_projection(tiny_rollout):
+  sampler, _ = tiny_rollout
+  jax = pytest.importorskip('jax')
+  gemma3_lib = rollout.gemma3_lib
+  embedder = sampler.sampler.transformer.embedder
+  assert type(embedder) is rollout.ColumnDecodeEmbedder  # CPU: swapped in.
+  table = embedder.input_embedding[...]
+  rng = np.random.default_rng(0)
+  for shape in [(1, 1), (4, 1), (2, 3), (rollout.COLUMN_DECODE_MAX_ROWS, 1),
+                (rollout.COLUMN_DECODE_MAX_ROWS + 1, 1)]:
+    x = rng.standard_normal(shape + (table.shape[1],)).astype(np.float32)
+    got = np.asarray(embedder.decode(x))
+    want = np.asarray(gemma3_lib.Embedder.decode(embedder, x))
+    assert got.shape == shape + (table.shape[0],)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    jaxpr = str(jax.make_jaxpr(embedder.decode)(x))
+    columns = np.prod(shape) <= rollout.COLUMN_DECODE_MAX_ROWS
+    assert ('optimization_barrier' in jaxpr) == columns, shape
+
+
+def test_column_decode_leaves_the_model_and_the_tokens_alone(
+    tiny_rollout, prompts, monkeypatch):
+  sampler, _ = tiny_rollout
+  assert sampler.column_decode
+  config = tiny.get_config()
+  model, tokenizer = models.build(config, sharding.make_mesh(config.mesh))
+  # The caller's model keeps tunix's class; only the sampler's graph has ours.
+  live = rollout.Rollout(model, tokenizer, cache_size=32)
+  assert type(live.sampler.transformer.embedder) is (
+      rollout.ColumnDecodeEmbedder)
+  assert type(model.embedder) is rollout.gemma3_lib.Embedder
+  monkeypatch.setattr(rollout, 'uses_column_decode', lambda m: False)
+  plain = rollout.Rollout(model, tokenizer, cache_size=32)
+  assert not plain.column_decode
+  assert type(plain.sampler.transformer.embedder) is rollout.gemma3_lib.Embedder
+  for sampling in (dict(), dict(temperature=1.0, top_k=8, top_p=0.95)):
+    want = plain.generate(prompts, _STEPS, seed=5, **sampling)
+    got = live.generate(prompts, _STEPS, seed=5, **sampling)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
