@@ -35,7 +35,11 @@ Sections (--skip takes a comma list of their names):
           the larger of a jitted JAX copy and, on CPU, a NumPy copy). Also
           against a roofline bound, the slower of that and the decode step's
           matmul FLOPs at a measured large-matmul rate: a CPU is compute-bound
-          at batch sizes where the bandwidth bound cannot be reached.
+          at batch sizes where the bandwidth bound cannot be reached. And
+          against a read-bandwidth bound: bytes per step / bytes read per
+          second by a sum over a large array. A decode step mostly reads,
+          and where reads run faster than copies, decode can pass the copy
+          bound; the read bound is the tighter one there.
   memory  One update (grpo.train_step: chunked log-probs, the config's
           model.remat) against the naive update: the same update with
           naive log-probs swapped in (full [B, T, V] logits from the model,
@@ -95,7 +99,12 @@ carries "roofline_tokens_per_s" and "fraction_of_roofline", against the larger
 of that time and settings["flops_per_step"] (matmul FLOPs: every weight matrix
 once, the tied embedding as the output projection, plus attention over the KV
 cache) divided by a measured large-matmul FLOP/s in the model dtype
-(settings["matmul_throughput"]). GRPO sides
+(settings["matmul_throughput"]); settings["column_decode"] says whether the
+sampler computed its output projection as E @ x.T (CPU, at most
+settings["column_decode_max_rows"] rows; rollout.ColumnDecodeEmbedder), and
+ours["read_bound_tokens_per_s"] / ours["fraction_of_read_bound"] use
+settings["read_bandwidth"] in place of the copy bandwidth. GRPO
+sides
 carry "compile_s", "breakdown_s" and "tokens_per_s" (completion tokens per
 second of step time); the memory sides carry "temp_bytes", "peak_bytes" and
 the other memory_analysis() fields.
@@ -796,37 +805,48 @@ def trl_grpo(ctx):
 # ----------------------------------------------------------------- decode
 
 
-def copy_bandwidth():
-  """(bytes/s, details): (read + written bytes) / time of an array copy."""
+def memory_bandwidth(kind='copy'):
+  """(bytes/s, details) of one pass over a large float32 array.
+
+  kind='copy': (read + written bytes) / time of x + 1 (the issue's bound);
+  kind='read': bytes read / time of sum(x), what a decode step mostly does.
+  Each is the larger of a jitted JAX pass and, on CPU, the NumPy one.
+  """
   backend = jax.default_backend()
   nbytes = _COPY_BYTES.get(backend, _COPY_BYTES_ACCELERATOR)
   n = nbytes // 4
   repeats = max(3, _STEPS.value)
-  x = jnp.ones((n,), jnp.float32)
-  copy = jax.jit(lambda a: a + 1.0)
-  jax.block_until_ready(copy(x))
-  times = []
-  for _ in range(repeats):
-    t0 = now()
-    jax.block_until_ready(copy(x))
-    times.append(now() - t0)
-  jax_bw = 2 * nbytes / median(times)
-  details = {'array_bytes': nbytes, 'jax_bytes_per_s': jax_bw}
-  best = jax_bw
-  del x
-  if backend == 'cpu':
-    src = np.ones((n,), np.float32)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)
+  if kind == 'copy':
+    traffic = 2 * nbytes
+    jax_fn = jax.jit(lambda a: a + 1.0)
+    dst = np.empty((n,), np.float32) if backend == 'cpu' else None
+    np_fn = lambda a: np.copyto(dst, a)  # pylint: disable=unnecessary-lambda-assignment
+  elif kind == 'read':
+    traffic = nbytes
+    jax_fn = jax.jit(jnp.sum)
+    np_fn = np.sum
+  else:
+    raise ValueError(f'kind={kind!r}: expected copy or read.')
+
+  def rate(fn, x, sync):
+    sync(fn(x))
     times = []
     for _ in range(repeats):
       t0 = now()
-      np.copyto(dst, src)
+      sync(fn(x))
       times.append(now() - t0)
-    np_bw = 2 * nbytes / median(times)
+    return traffic / median(times)
+
+  x = jnp.ones((n,), jnp.float32)
+  best = rate(jax_fn, x, jax.block_until_ready)
+  details = {'kind': kind, 'array_bytes': nbytes, 'jax_bytes_per_s': best}
+  del x
+  if backend == 'cpu':
+    src = np.ones((n,), np.float32)
+    np_bw = rate(np_fn, src, lambda r: r)
     details['numpy_bytes_per_s'] = np_bw
     best = max(best, np_bw)
-    del src, dst
+    del src
   details['used_bytes_per_s'] = best
   return best, details
 
@@ -904,7 +924,8 @@ def decode_measurements(ctx, batch_sizes):
   gen = config.generation
   model = ctx.session.model
   weight_bytes = tree_bytes(nnx.state(model))
-  bandwidth, bw_details = copy_bandwidth()
+  bandwidth, bw_details = memory_bandwidth('copy')
+  read_bw, read_details = memory_bandwidth('read')
   flops_rate, flops_details = matmul_flops_per_s(
       model.embedder.input_embedding[...].dtype
   )
@@ -939,10 +960,13 @@ def decode_measurements(ctx, batch_sizes):
         'kv_cache_bytes': kv_bytes,
         'bytes_per_step': bytes_per_step,
         'copy_bandwidth': bw_details,
+        'read_bandwidth': read_details,
         'flops_per_step': flops,
         'matmul_throughput': flops_details,
         'temperature': gen.temperature,
         'top_k': gen.top_k,
+        'column_decode': sampler.column_decode,
+        'column_decode_max_rows': rollout.COLUMN_DECODE_MAX_ROWS,
     }
     ours = {
         'name': 'tunix Sampler decode loop via rollout.Rollout',
@@ -953,6 +977,8 @@ def decode_measurements(ctx, batch_sizes):
         'fraction_of_bound': tok_s / bound_tok_s,
         'roofline_tokens_per_s': b / roofline_step_s,
         'fraction_of_roofline': tok_s * roofline_step_s / b,
+        'read_bound_tokens_per_s': b * read_bw / bytes_per_step,
+        'fraction_of_read_bound': tok_s * bytes_per_step / (b * read_bw),
     }
     peer = {
         'name': 'memory-bandwidth bound (bytes_per_step / copy bandwidth)',
@@ -1225,7 +1251,9 @@ def print_table(result):
           f"{peer['tokens_per_s']:.1f} tok/s, "
           f"{100 * ours['fraction_of_bound']:.1f}% of bound; roofline "
           f"{ours['roofline_tokens_per_s']:.1f} tok/s, "
-          f"{100 * ours['fraction_of_roofline']:.1f}%")
+          f"{100 * ours['fraction_of_roofline']:.1f}%; read-bandwidth "
+          f"bound {ours['read_bound_tokens_per_s']:.1f} tok/s, "
+          f"{100 * ours['fraction_of_read_bound']:.1f}%")
     if 'temp_bytes' in ours:
       details.append(
           f"temp {_fmt(ours['temp_bytes'], 'b')} vs "

@@ -124,12 +124,23 @@ def test_decode_against_bandwidth_bound(quick):
                                         settings['kv_cache_bytes'])
   assert settings['kv_cache_bytes'] > 0
   assert settings['copy_bandwidth']['used_bytes_per_s'] > 0
+  # The suite runs on CPU: 2 rows take the E @ x.T output projection.
+  assert settings['column_decode'] is True
+  assert settings['column_decode_max_rows'] >= settings['batch_size']
   ours, peer = m['ours'], m['peer']
   assert math.isclose(ours['fraction_of_bound'], 1 / m['ratio'])
   assert math.isclose(
       ours['tokens_per_s'],
       settings['batch_size'] * settings['decode_steps'] / ours['median_s'])
   assert peer['tokens_per_s'] > 0
+  read_bw = settings['read_bandwidth']
+  assert read_bw['kind'] == 'read' and read_bw['used_bytes_per_s'] > 0
+  assert math.isclose(
+      ours['read_bound_tokens_per_s'],
+      settings['batch_size'] * read_bw['used_bytes_per_s'] /
+      settings['bytes_per_step'])
+  assert math.isclose(ours['fraction_of_read_bound'],
+                      ours['tokens_per_s'] / ours['read_bound_tokens_per_s'])
   # The roofline bound is the slower of bandwidth and compute.
   compute_s = (settings['flops_per_step'] /
                settings['matmul_throughput']['flops_per_s'])
