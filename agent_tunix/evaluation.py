@@ -7,7 +7,10 @@
 * pass_at_k: at least one of k sampled completions (rollout temperature) is
   correct; the fraction of questions for which that holds.
 
-Batches are padded to `eval.batch_size` rows so the sampler compiles once.
+Greedy batches hold `eval.batch_size` questions, padded so the sampler
+compiles once. pass@k samples the k completions of a question with one
+shared prefill (`Rollout.generate(num_generations=k)`), `eval.batch_size //
+k` questions (at least one) per call, also padded.
 """
 
 from absl import logging
@@ -44,16 +47,22 @@ def encode_examples(examples, tokenizer, max_prompt_length):
   return np.stack(rows)
 
 
-def _generate_all(sampler, tokens, batch_size, max_steps, seed, **sampling):
-  """Completion texts for every row, in fixed-size (padded) batches."""
+def _generate_all(sampler, tokens, batch_size, max_steps, seed,
+                  num_generations=1, **sampling):
+  """Completion texts, `num_generations` per prompt row (contiguous).
+
+  Prompts go to the sampler `batch_size` at a time; the last batch is
+  padded by repeating its last row and the padding's texts are dropped.
+  """
   texts = []
   for start in range(0, len(tokens), batch_size):
     chunk = tokens[start:start + batch_size]
     pad = batch_size - len(chunk)
     if pad:
       chunk = np.concatenate([chunk, np.repeat(chunk[-1:], pad, axis=0)])
-    out = sampler.generate(chunk, max_steps, seed + start, **sampling)
-    texts.extend(out.texts[:batch_size - pad])
+    out = sampler.generate(chunk, max_steps, seed + start,
+                           num_generations=num_generations, **sampling)
+    texts.extend(out.texts[:(batch_size - pad) * num_generations])
   return texts
 
 
@@ -95,7 +104,8 @@ def evaluate(sampler, tokenizer, examples, config, seed=0):
   if k > 0:
     gen = config.generation
     sampled = _generate_all(
-        sampler, np.repeat(tokens, k, axis=0), batch, steps, seed + 1,
+        sampler, tokens, max(1, batch // k), steps, seed + 1,
+        num_generations=k,
         temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p,
     )
     hits = np.array(

@@ -192,7 +192,8 @@ def get_config(arg=None):
   config.eval.eval_every_n_steps = 100
   # Samples per question for pass@k (0 = skip pass@k).
   config.eval.pass_at_k = 4
-  # Questions per evaluation batch.
+  # Questions per greedy evaluation batch; pass@k batches take
+  # batch_size // pass_at_k questions (at least 1), pass_at_k samples each.
   config.eval.batch_size = 8
   # Completion tokens for evaluation.
   config.eval.max_generation_steps = 256

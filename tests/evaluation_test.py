@@ -68,13 +68,14 @@ class _ScriptedSampler:
     self._seen = {}
 
   def generate(self, prompt_tokens, max_steps, seed, temperature=0.0,
-               top_k=0, top_p=1.0):
+               top_k=0, top_p=1.0, num_generations=1):
     prompt_tokens = np.asarray(prompt_tokens)
     self.calls.append(dict(tokens=prompt_tokens.copy(), max_steps=max_steps,
                            seed=seed, temperature=temperature, top_k=top_k,
-                           top_p=top_p))
+                           top_p=top_p, num_generations=num_generations))
     texts = []
-    for row in prompt_tokens:
+    # Like Rollout: rows i*G .. i*G + G - 1 are prompt i's G samples.
+    for row in np.repeat(prompt_tokens, num_generations, axis=0):
       i = int(row[-1]) - 10
       if temperature <= 0:
         texts.append(self.greedy[i])
@@ -131,16 +132,20 @@ def test_evaluate_scores_and_padded_batches():
       'format_accuracy': pytest.approx(2 / 3),
       'pass_at_k': pytest.approx(2 / 3),
   }
-  # 3 greedy rows -> one batch of 4 (1 pad); 3 * k = 6 sampled rows -> two
-  # batches of 4 (2 pads). Every call has exactly eval.batch_size rows.
-  assert [c['tokens'].shape for c in sampler.calls] == [(4, 4)] * 3
+  # 3 greedy questions -> one batch of 4 (1 pad). pass@2: 4 // 2 = 2
+  # questions per call, each sampled twice with a shared prefill -> two
+  # calls of 2 prompts (the second padded), 4 sampled rows each.
   greedy_call, *sampled_calls = sampler.calls
+  assert greedy_call['tokens'].shape == (4, 4)
+  assert greedy_call['num_generations'] == 1
   assert greedy_call['temperature'] == 0
   np.testing.assert_array_equal(greedy_call['tokens'][:, -1], [10, 11, 12, 12])
+  assert [c['tokens'].shape for c in sampled_calls] == [(2, 4)] * 2
   np.testing.assert_array_equal(
       np.concatenate([c['tokens'][:, -1] for c in sampled_calls]),
-      [10, 10, 11, 11, 12, 12, 12, 12])
+      [10, 11, 12, 12])
   for call in sampled_calls:
+    assert call['num_generations'] == 2
     assert (call['temperature'], call['top_k'], call['top_p']) == (
         0.7, 5, 0.9)
   # Two sampled batches must not share a seed (or they would repeat the
@@ -160,6 +165,10 @@ def test_evaluate_pass_at_k_counts_questions_not_samples():
       sampler, _FakeTokenizer(), _examples(answers), _config(2, 3))
   assert scores == {'accuracy': 0.0, 'format_accuracy': 0.0,
                     'pass_at_k': 0.5}
+  # k = 3 > eval.batch_size = 2: one question (3 samples) per call.
+  sampled_calls = sampler.calls[1:]
+  assert [(c['tokens'].shape, c['num_generations']) for c in sampled_calls
+         ] == [((1, 4), 3)] * 2
 
 
 def test_evaluate_without_pass_at_k_samples_greedily_only():
