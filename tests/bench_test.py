@@ -164,6 +164,28 @@ def test_goals_and_table(quick):
   assert 'goal grpo_step_le_0.75x_tunix: not measured' in stdout
 
 
+def _decode_measurement(batch_size, fraction):
+  return {'name': f'decode_batch_{batch_size}',
+          'settings': {'batch_size': batch_size},
+          'ours': {'fraction_of_bound': fraction}}
+
+
+@pytest.mark.parametrize('fractions, value, met', [
+    ({1: 1.3, 16: 0.45, 64: 0.2}, 0.2, False),
+    ({1: 0.9, 4: 0.7}, 0.7, True),
+    ({4: 0.69}, 0.69, False),
+])
+def test_decode_goal_is_judged_by_the_smallest_fraction(fractions, value,
+                                                        met):
+  result = bench.goals(
+      [_decode_measurement(b, f) for b, f in fractions.items()])
+  goal = result['decode_ge_0.7_of_bandwidth_bound']
+  assert goal['value'] == value
+  assert goal['met'] is met
+  for b in fractions:
+    assert f'{b}: {fractions[b]}' in goal['note']
+
+
 def test_unknown_section_is_rejected():
   proc = _run_bench('--quick', '--skip=grpo,nonsense', timeout=300)
   assert proc.returncode != 0
