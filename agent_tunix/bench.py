@@ -726,7 +726,7 @@ def trl_grpo(ctx):
       directory, gguf_file=filename
   )
   model = transformers.AutoModelForCausalLM.from_pretrained(
-      directory, gguf_file=filename, torch_dtype=dtype
+      directory, gguf_file=filename, dtype=dtype
   )
   total_steps = WARMUP_STEPS + _STEPS.value
   loss_types = {'token-mean': 'bnpo', 'sequence-mean-token-mean': 'grpo',
@@ -1193,9 +1193,10 @@ def goals(measurements):
       # holds at this one.
       'value': min(fractions.values()) if fractions else None,
       'met': None if not fractions else len(met_at) == len(fractions),
-      'note': f'fraction by batch size: '
-              f'{ {b: round(f, 3) for b, f in fractions.items()} }; met at '
-              f'batch sizes {met_at}',
+      'note': None if not fractions else (
+          f'fraction by batch size: '
+          f'{ {b: round(f, 3) for b, f in fractions.items()} }; met at '
+          f'batch sizes {met_at}'),
   }
   mem = by_name.get('update_memory')
   ours = mem['ours'] if mem and mem['ours'] else None

@@ -186,6 +186,13 @@ def test_decode_goal_is_judged_by_the_smallest_fraction(fractions, value,
     assert f'{b}: {fractions[b]}' in goal['note']
 
 
+def test_decode_goal_without_decode_measurements_is_undecided():
+  goal = bench.goals([])['decode_ge_0.7_of_bandwidth_bound']
+  assert goal['value'] is None
+  assert goal['met'] is None
+  assert goal['note'] is None
+
+
 def test_unknown_section_is_rejected():
   proc = _run_bench('--quick', '--skip=grpo,nonsense', timeout=300)
   assert proc.returncode != 0

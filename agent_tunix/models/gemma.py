@@ -122,11 +122,11 @@ def place_params(cfg, flat, mesh, source_name):
   dtype = cfg.param_dtype
   for name, var in abstract.items():
     host = np.asarray(flat[name])
-    var.value = jax.make_array_from_callback(
+    var.set_value(jax.make_array_from_callback(
         host.shape,
         flat_shardings[name].value,
         lambda idx, host=host: host[idx].astype(dtype),
-    )
+    ))
   return model
 
 
