@@ -99,9 +99,10 @@ carries "roofline_tokens_per_s" and "fraction_of_roofline", against the larger
 of that time and settings["flops_per_step"] (matmul FLOPs: every weight matrix
 once, the tied embedding as the output projection, plus attention over the KV
 cache) divided by a measured large-matmul FLOP/s in the model dtype
-(settings["matmul_throughput"]); settings["column_decode"] says whether the
-sampler computed its output projection as E @ x.T (CPU, at most
-settings["column_decode_max_rows"] rows; rollout.ColumnDecodeEmbedder), and
+(settings["matmul_throughput"]); settings["cpu_decode_graph"] says whether the
+sampler ran models.decode's CPU graph (no per-step KV cache or weight copies;
+output projection as E @ x.T at most settings["column_decode_max_rows"]
+rows), and
 ours["read_bound_tokens_per_s"] / ours["fraction_of_read_bound"] use
 settings["read_bandwidth"] in place of the copy bandwidth. GRPO
 sides
@@ -138,6 +139,7 @@ from agent_tunix import rollout
 from agent_tunix import sharding
 from agent_tunix import train
 from agent_tunix.data import pipeline
+from agent_tunix.models import decode
 from agent_tunix.models import gemma
 from agent_tunix.models import lora
 
@@ -937,16 +939,16 @@ def decode_measurements(ctx, batch_sizes):
   for b in batch_sizes:
     _, tokens, _ = make_prompts(ctx.tokenizer, b, prompt_len)
     timed_sample(sampler, tokens, steps, 0, gen)  # Warm-up: compiles.
-    prefill, decode, kv_bytes, runs = [], [], 0, []
+    prefill, decode_s, kv_bytes, runs = [], [], 0, []
     for rep in range(_STEPS.value):
       p, d, n, kv_bytes = timed_sample(sampler, tokens, steps, rep + 1, gen)
       prefill.append(p)
-      decode.append(d)
+      decode_s.append(d)
       runs.append(n)
     decode_steps = runs[0]
     bytes_per_step = weight_bytes + kv_bytes
     bound_step_s = bytes_per_step / bandwidth
-    med = median(decode)
+    med = median(decode_s)
     tok_s = b * decode_steps / med
     bound_tok_s = b / bound_step_s
     flops = decode_flops_per_step(model, b, prompt_len + steps)
@@ -965,13 +967,13 @@ def decode_measurements(ctx, batch_sizes):
         'matmul_throughput': flops_details,
         'temperature': gen.temperature,
         'top_k': gen.top_k,
-        'column_decode': sampler.column_decode,
-        'column_decode_max_rows': rollout.COLUMN_DECODE_MAX_ROWS,
+        'cpu_decode_graph': sampler.cpu_decode_graph,
+        'column_decode_max_rows': decode.COLUMN_DECODE_MAX_ROWS,
     }
     ours = {
         'name': 'tunix Sampler decode loop via rollout.Rollout',
         'median_s': med,
-        'steps_s': [round(x, 6) for x in decode],
+        'steps_s': [round(x, 6) for x in decode_s],
         'prefill_median_s': median(prefill),
         'tokens_per_s': tok_s,
         'fraction_of_bound': tok_s / bound_tok_s,

@@ -18,6 +18,11 @@ samples the first token (and every later one) per row. Prefill costs 1/G of
 running it on the repeated rows, and the result is the same computation:
 the repeated rows' prefills were identical.
 
+CPU: the sampler is built from `models.decode`'s graph (same computation,
+without the KV cache and weight copies XLA CPU puts in every decode step of
+tunix's graph), and its decode loop is compiled with
+`decode.DECODE_COMPILER_OPTIONS`. The caller's model keeps tunix's graph.
+
 Sharding: the sampler runs as one program over the model's mesh. Prompt rows
 are split over the batch axes and the KV cache over rows and kv heads
 (`sharding.kv_cache_sharding`); tunix would create both whole on one device.
@@ -25,6 +30,7 @@ On several processes every process passes the same global prompt batch and
 gets the completions of the rows it asks for (see `Rollout.generate`).
 """
 
+import contextlib
 import dataclasses
 import functools
 
@@ -34,10 +40,10 @@ import jax.numpy as jnp
 import numpy as np
 from tunix.generate import sampler as sampler_lib
 from tunix.generate import utils as sampler_utils
-from tunix.models.gemma3 import model as gemma3_lib
 
 from agent_tunix import sharding
 from agent_tunix.data import pipeline
+from agent_tunix.models import decode
 
 
 @dataclasses.dataclass
@@ -65,44 +71,13 @@ def repeat_groups(batch, num_generations):
   return {k: np.repeat(v, num_generations, axis=0) for k, v in batch.items()}
 
 
-# Decode steps with at most this many rows compute the output projection
-# as E @ x.T on CPU (see ColumnDecodeEmbedder).
-COLUMN_DECODE_MAX_ROWS = 32
-
-
-class ColumnDecodeEmbedder(gemma3_lib.Embedder):
-  """Embedder whose output projection suits XLA CPU at a few rows.
-
-  A decode step multiplies a few rows x [N, D] by the [V, D] embedding
-  (V = 262144). At 2 <= N <= 32, XLA CPU runs x @ E.T more slowly than the
-  same product computed as (E @ x.T).T, up to twice as slowly; measured on
-  the 270M's embedding, 2-core CPU: 87 vs 44 ms at N = 4, 112 vs 81 ms at
-  N = 16, 131 vs 116 ms at N = 32, 238 vs 194 ms at N = 64, 37 vs 36 ms at
-  N = 1 (yet a whole decode step at 64 rows was ~7% slower with it in one
-  pair of runs, hence the cut at 32). The
-  optimization barrier keeps XLA from rewriting transpose(E @ x.T) back
-  into x @ E.T. The result is the same product; more rows (prefill, log-prob
-  passes) take the parent's path.
-  """
-
-  def decode(self, x):
-    rows = int(np.prod(x.shape[:-1]))
-    if rows > COLUMN_DECODE_MAX_ROWS:
-      return super().decode(x)
-    table = self.input_embedding[...]
-    columns = jnp.dot(table, x.reshape(rows, x.shape[-1]).T)
-    columns = jax.lax.optimization_barrier(columns)
-    return columns.T.reshape(*x.shape[:-1], table.shape[0])
-
-
-def uses_column_decode(model):
-  """True when the sampler's graph should use ColumnDecodeEmbedder: on CPU,
-  for a tunix Gemma 3 embedder (not on TPU/GPU, where x @ E.T is fine)."""
+def uses_cpu_decode_graph(model):
+  """True when the sampler should run models.decode's CPU graph: on CPU,
+  for a tunix Gemma 3 (not on TPU/GPU, where tunix's graph is used)."""
   mesh = sharding.model_mesh(model)
   platform = (mesh.devices.flat[0].platform if mesh is not None
               else jax.default_backend())
-  return (platform == 'cpu' and
-          type(getattr(model, 'embedder', None)) is gemma3_lib.Embedder)
+  return decode.uses_cpu_decode_graph(model, platform)
 
 
 class Rollout:
@@ -117,18 +92,21 @@ class Rollout:
         num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim,
     )
-    # The sampler keeps the graph it is built from, so the embedder's class
-    # is swapped only while it is built: the caller's model keeps its own.
-    embedder = getattr(model, 'embedder', None)
-    original = type(embedder)
-    self.column_decode = uses_column_decode(model)
-    if self.column_decode:
-      embedder.__class__ = ColumnDecodeEmbedder
-    try:
+    # The sampler keeps the graph it is built from, so on CPU it is built
+    # from models.decode's graph, swapped in only meanwhile: the caller's
+    # model keeps tunix's classes.
+    self.cpu_decode_graph = uses_cpu_decode_graph(model)
+    graph = (decode.cpu_decode_graph(model) if self.cpu_decode_graph
+             else contextlib.nullcontext())
+    with graph:
       self.sampler = sampler_lib.Sampler(model, tokenizer, cache_config)
-    finally:
-      if self.column_decode:
-        embedder.__class__ = original
+    if self.cpu_decode_graph:
+      # tunix's jit of the decode loop, with the CPU compile options.
+      self.sampler._compiled_decode_fn = jax.jit(  # pylint: disable=protected-access
+          self.sampler._decode_fn,  # pylint: disable=protected-access
+          donate_argnums=(1,),
+          compiler_options=decode.DECODE_COMPILER_OPTIONS,
+      )
     self.end_ids = end_token_ids(tokenizer)
     # NumPy, not a jax array on one device: a constant in every program.
     self.sampler.eos_ids = np.array(self.end_ids, np.int32)

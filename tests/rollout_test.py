@@ -6,11 +6,13 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 import pytest
+from tunix.models.gemma3 import model as gemma3_lib
 
 from agent_tunix import models
 from agent_tunix import rollout
 from agent_tunix import sharding
 from agent_tunix.data import pipeline
+from agent_tunix.models import decode
 from configs import tiny
 
 EOS, END_OF_TURN = 1, 106  # Gemma 3's <eos> and <end_of_turn>.
@@ -153,38 +155,41 @@ def test_shared_prompt_prefill_equals_repeated_rows(tiny_rollout, prompts,
 def test_column_decode_embedder_is_the_same_projection(tiny_rollout):
   sampler, _ = tiny_rollout
   jax = pytest.importorskip('jax')
-  gemma3_lib = rollout.gemma3_lib
   embedder = sampler.sampler.transformer.embedder
-  assert type(embedder) is rollout.ColumnDecodeEmbedder  # CPU: swapped in.
+  assert type(embedder) is decode.ColumnDecodeEmbedder  # CPU: swapped in.
   table = embedder.input_embedding[...]
   rng = np.random.default_rng(0)
-  for shape in [(1, 1), (4, 1), (2, 3), (rollout.COLUMN_DECODE_MAX_ROWS, 1),
-                (rollout.COLUMN_DECODE_MAX_ROWS + 1, 1)]:
+  for shape in [(1, 1), (4, 1), (2, 3), (decode.COLUMN_DECODE_MAX_ROWS, 1),
+                (decode.COLUMN_DECODE_MAX_ROWS + 1, 1)]:
     x = rng.standard_normal(shape + (table.shape[1],)).astype(np.float32)
     got = np.asarray(embedder.decode(x))
     want = np.asarray(gemma3_lib.Embedder.decode(embedder, x))
     assert got.shape == shape + (table.shape[0],)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     jaxpr = str(jax.make_jaxpr(embedder.decode)(x))
-    columns = np.prod(shape) <= rollout.COLUMN_DECODE_MAX_ROWS
+    columns = np.prod(shape) <= decode.COLUMN_DECODE_MAX_ROWS
     assert ('optimization_barrier' in jaxpr) == columns, shape
 
 
-def test_column_decode_leaves_the_model_and_the_tokens_alone(
-    tiny_rollout, prompts, monkeypatch):
+def test_cpu_decode_graph_only_in_the_sampler(tiny_rollout, prompts,
+                                              monkeypatch):
   sampler, _ = tiny_rollout
-  assert sampler.column_decode
+  assert sampler.cpu_decode_graph
   config = tiny.get_config()
   model, tokenizer = models.build(config, sharding.make_mesh(config.mesh))
-  # The caller's model keeps tunix's class; only the sampler's graph has ours.
+  # The caller's model keeps tunix's classes; only the sampler's graph has
+  # ours (tests/decode_test.py checks that both compute the same).
   live = rollout.Rollout(model, tokenizer, cache_size=32)
-  assert type(live.sampler.transformer.embedder) is (
-      rollout.ColumnDecodeEmbedder)
-  assert type(model.embedder) is rollout.gemma3_lib.Embedder
-  monkeypatch.setattr(rollout, 'uses_column_decode', lambda m: False)
+  graph = live.sampler.transformer
+  assert type(graph.embedder) is decode.ColumnDecodeEmbedder
+  assert type(graph.layers[0].attn) is decode.DecodeStepAttention
+  assert type(model.embedder) is gemma3_lib.Embedder
+  assert type(model.layers[0].attn) is gemma3_lib.Attention
+  monkeypatch.setattr(rollout, 'uses_cpu_decode_graph', lambda m: False)
   plain = rollout.Rollout(model, tokenizer, cache_size=32)
-  assert not plain.column_decode
-  assert type(plain.sampler.transformer.embedder) is rollout.gemma3_lib.Embedder
+  assert not plain.cpu_decode_graph
+  assert type(plain.sampler.transformer.embedder) is gemma3_lib.Embedder
+  assert type(plain.sampler.transformer.layers[0].attn) is gemma3_lib.Attention
   for sampling in (dict(), dict(temperature=1.0, top_k=8, top_p=0.95)):
     want = plain.generate(prompts, _STEPS, seed=5, **sampling)
     got = live.generate(prompts, _STEPS, seed=5, **sampling)

@@ -1,0 +1,242 @@
+"""The sampler's graph on CPU: tunix's Gemma 3 modules, rearranged for XLA CPU.
+
+A decode step reads every weight once for a few rows, so its speed is set by
+how many bytes XLA CPU moves per step. Compiled as tunix writes it, the
+decode loop's body (optimized HLO; tests/decode_test.py checks for these
+copies) also wrote, every step:
+
+  * the KV cache was copied twice per layer per step: the cache update
+    (dynamic-update-slice) fed both the attention dot and the loop's carried
+    cache, so XLA fused it twice and copied the buffer it could no longer
+    update in place; and the key cache was transposed for the logits dot;
+  * the q/kv/qkv and output projection weights were transposed on every
+    step: their einsums contract a middle (or minor-first) axis of the
+    weight, XLA CPU's dot wants the contracted axes leading, and the
+    transposes are placed inside the loop after loop-invariant code motion.
+
+On the 270M at 16 rows and a 512-token cache (302 MB of KV cache, 1.09 GB
+of weights) a step took 265 ms with them and about 150 ms without (the 2-core
+CPU this was written on). This module's classes give the sampler the same
+computation without those copies. `cpu_decode_graph(model)` swaps them into `model` while the sampler is
+built (the sampler keeps that graph) and restores the model after, so the
+training model keeps tunix's classes. The LoRA adapters stay the model's own
+variables, so every update reaches the sampler; only the transposed copies
+of the frozen q/kv/qkv weights are the sampler's own (70 MB on the 270M).
+
+Used on CPU only; on TPU/GPU the sampler runs tunix's graph unchanged.
+"""
+
+import contextlib
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tunix.models.gemma3 import model as gemma3_lib
+
+# Decode steps with at most this many rows compute the output projection
+# as E @ x.T (see ColumnDecodeEmbedder).
+COLUMN_DECODE_MAX_ROWS = 32
+
+# Compile options of the sampler's decode loop on CPU. XLA's default copy
+# insertion copies a loop-carried buffer that is read before its in-place
+# update (the KV cache: read by attention, then updated); region analysis
+# proves the read comes first and drops the copy.
+DECODE_COMPILER_OPTIONS = {'xla_cpu_copy_insertion_use_region_analysis': True}
+
+_ATTENTION_EINSUMS = ('q_einsum', 'kv_einsum', 'qkv_einsum', 'attn_vec_einsum')
+
+
+class ColumnDecodeEmbedder(gemma3_lib.Embedder):
+  """Embedder whose output projection suits XLA CPU at a few rows.
+
+  A decode step multiplies a few rows x [N, D] by the [V, D] embedding
+  (V = 262144). At 2 <= N <= 32, XLA CPU runs x @ E.T more slowly than the
+  same product computed as (E @ x.T).T, up to twice as slowly; measured on
+  the 270M's embedding, 2-core CPU: 87 vs 44 ms at N = 4, 112 vs 81 ms at
+  N = 16, 131 vs 116 ms at N = 32, 238 vs 194 ms at N = 64, 37 vs 36 ms at
+  N = 1 (yet a whole decode step at 64 rows was ~7% slower with it in one
+  pair of runs, hence the cut at 32). The optimization barrier keeps XLA
+  from rewriting transpose(E @ x.T) back into x @ E.T. The result is the
+  same product; more rows (prefill, log-prob passes) take the parent's path.
+  """
+
+  def decode(self, x):
+    rows = int(np.prod(x.shape[:-1]))
+    if rows > COLUMN_DECODE_MAX_ROWS:
+      return super().decode(x)
+    table = self.input_embedding[...]
+    columns = jnp.dot(table, x.reshape(rows, x.shape[-1]).T)
+    columns = jax.lax.optimization_barrier(columns)
+    return columns.T.reshape(*x.shape[:-1], table.shape[0])
+
+
+class DecodeStepAttention(gemma3_lib.Attention):
+  """Attention whose one-token decode step leaves the KV cache in place.
+
+  tunix writes the new key/value into the cache and then attends over the
+  updated cache. Here the step attends over the cache as it was, with the
+  new token's own logit and value put in at its slot, and writes the cache
+  only for the next step: the updated cache has one reader (the loop), so
+  XLA updates it in place. Masks, RoPE, norms, the sliding window and the
+  projections are tunix's; the result is the same computation up to the
+  order of float sums. The key cache is the left operand of the logits dot,
+  contracted on its minor axis, so it is read as stored (not transposed).
+  Prefill (several tokens) and cache-less calls run tunix's block.
+  """
+
+  def block(self, x, segment_pos, cache, attn_mask):
+    if cache is None or x.shape[1] != 1:
+      return super().block(x, segment_pos, cache, attn_mask)
+    if self.use_qkv_einsum:
+      query, key, value = self.qkv_einsum(x)
+    else:
+      query = self.q_einsum(x)
+      key, value = self.kv_einsum(x)
+    query = self._query_norm(query)
+    key = self._key_norm(key)
+    rope = dict(head_dim=self.head_dim, base_frequency=self.rope_base_frequency,
+                scale_factor=self.rope_scale_factor)
+    query = gemma3_lib.apply_rope(query, segment_pos, **rope)
+    query = query * self.query_pre_attn_scalar
+    key = gemma3_lib.apply_rope(key, segment_pos, **rope)
+
+    keys, values = cache['k'], cache['v']  # [B, S, K, H], as before the step
+    batch, _, num_heads, head_dim = query.shape
+    kv_heads = self.num_kv_heads
+    groups = num_heads // kv_heads
+    size = keys.shape[1]
+    slot = cache['end_index'][0] % size  # Where this token's key goes.
+    query = query.reshape(batch, kv_heads, groups, head_dim)
+    # [B, K, S, G]: batch (B, K), keys contracted on their minor axis H.
+    logits = jax.lax.dot_general(
+        keys, query, (((3,), (3,)), ((0, 2), (0, 1)))
+    )
+    logits = jnp.swapaxes(logits, 2, 3)  # [B, K, G, S]
+    own = jnp.einsum('bkgh,bkh->bkg', query, key[:, 0])
+    at_slot = jnp.arange(size) == slot
+    logits = jnp.where(at_slot, own[..., None], logits)
+    if self.attn_type == gemma3_lib.AttentionType.LOCAL_SLIDING:
+      attn_mask = attn_mask * gemma3_lib.create_sliding_window_mask(
+          attn_mask, sliding_window_size=self.sliding_window_size
+      )
+    # attn_mask [B, 1, S] -> [B, 1, 1, S] against [B, K, G, S].
+    logits = jnp.where(attn_mask[:, :, None, :], logits, gemma3_lib.K_MASK)
+    probs = jax.nn.softmax(logits, axis=-1).astype(values.dtype)
+    own_prob = jnp.sum(jnp.where(at_slot, probs, 0), axis=-1)  # [B, K, G]
+    others = jnp.where(at_slot, 0, probs)
+    # [B, K, G, H]: batch (B, K), values contracted on their axis S.
+    encoded = jax.lax.dot_general(
+        others, values, (((3,), (1,)), ((0, 1), (0, 2)))
+    )
+    encoded = encoded + own_prob[..., None] * value[:, 0, :, None, :]
+    output = self.attn_vec_einsum(
+        encoded.reshape(batch, 1, num_heads, head_dim)
+    )
+    index = (0, slot, 0, 0)
+    new_cache = {
+        'k': jax.lax.dynamic_update_slice(keys, key, index),
+        'v': jax.lax.dynamic_update_slice(values, value, index),
+        'end_index': cache['end_index'] + 1,
+    }
+    return new_cache, output
+
+
+class ContractionMajorEinsum(gemma3_lib.Einsum):
+  """tunix's Einsum with its weight stored contracted-axes-first.
+
+  `w` holds the weight transposed so that the axes the einsum contracts come
+  first, in their original order, then the others (also in order); the
+  einsum is written for that layout with its letters renamed so that
+  jnp.einsum contracts the axes in stored order, and the result is
+  transposed back to the original output. A dot of x by [contracted...,
+  kept...] is what XLA CPU runs without copying the weight. qwix derives
+  the LoRA adapter shapes from the weight's contracted and kept axes in
+  order, so the model's own adapters fit this einsum unchanged.
+  """
+
+  def __call__(self, x):
+    y = jnp.einsum(self.einsum_str, x, self.w[...])
+    return jnp.transpose(y, self.output_perm)
+
+
+def contraction_major(einsum_str):
+  """(new einsum string, weight permutation, output permutation).
+
+  For tunix's 'x,w->out' einsum: the weight's axes reordered contracted
+  first, and the output permutation that restores `out` from the new
+  einsum's output (x's kept axes, then the weight's kept axes).
+  """
+  inputs, out = einsum_str.split('->')
+  lhs, rhs = inputs.split(',')
+  contracted = [c for c in rhs if c in lhs]
+  kept = [c for c in rhs if c not in lhs]
+  if any(c in out for c in contracted):
+    raise ValueError(f'{einsum_str!r}: batch axes in the weight are not '
+                     'supported.')
+  new_rhs = ''.join(contracted + kept)
+  new_out = ''.join([c for c in lhs if c not in rhs] + kept)
+  weight_perm = tuple(rhs.index(c) for c in new_rhs)
+  output_perm = tuple(new_out.index(c) for c in out)
+  # jnp.einsum contracts shared letters in alphabetical order: rename so
+  # that order is the stored one.
+  letters = {c: chr(ord('a') + i)
+             for i, c in enumerate(dict.fromkeys(new_rhs + lhs))}
+  rename = lambda s: ''.join(letters[c] for c in s)
+  return (f'{rename(lhs)},{rename(new_rhs)}->{rename(new_out)}',
+          weight_perm, output_perm)
+
+
+def uses_cpu_decode_graph(model, mesh_platform):
+  """True on CPU for a tunix Gemma 3 (its embedder and layers' classes)."""
+  if mesh_platform != 'cpu':
+    return False
+  if type(getattr(model, 'embedder', None)) is not gemma3_lib.Embedder:
+    return False
+  return all(type(layer.attn) is gemma3_lib.Attention and
+             all(type(getattr(layer.attn, name, None)) in
+                 (gemma3_lib.Einsum, type(None))
+                 for name in _ATTENTION_EINSUMS)
+             for layer in getattr(model, 'layers', []))
+
+
+@contextlib.contextmanager
+def cpu_decode_graph(model):
+  """Within the block, `model` is the sampler's CPU graph; restored after.
+
+  Swaps in ColumnDecodeEmbedder, DecodeStepAttention and, for the attention
+  einsums, ContractionMajorEinsum with a transposed copy of the weight (an
+  unchanged one where the weight is already contracted-first). Build the
+  sampler inside: it keeps the graph and variables it was built from.
+  """
+  undo = []
+  try:
+    embedder = model.embedder
+    undo.append((embedder, type(embedder), {}))
+    embedder.__class__ = ColumnDecodeEmbedder
+    for layer in model.layers:
+      attn = layer.attn
+      undo.append((attn, type(attn), {}))
+      attn.__class__ = DecodeStepAttention
+      for name in _ATTENTION_EINSUMS:
+        einsum = getattr(attn, name, None)
+        if einsum is None:
+          continue
+        new_str, weight_perm, output_perm = contraction_major(
+            einsum.einsum_str
+        )
+        undo.append((einsum, type(einsum),
+                     {'einsum_str': einsum.einsum_str, 'w': einsum.w}))
+        einsum.__class__ = ContractionMajorEinsum
+        einsum.einsum_str = new_str
+        einsum.output_perm = output_perm
+        if weight_perm != tuple(range(len(weight_perm))):
+          einsum.w = nnx.Param(jnp.transpose(einsum.w[...], weight_perm))
+    yield model
+  finally:
+    for module, cls, attrs in reversed(undo):
+      module.__class__ = cls
+      for name, value in attrs.items():
+        setattr(module, name, value)
+      if cls is not ContractionMajorEinsum and 'output_perm' in vars(module):
+        del module.output_perm

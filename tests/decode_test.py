@@ -1,0 +1,219 @@
+"""Tests for agent_tunix.models.decode: the sampler's CPU graph.
+
+The CPU graph must compute what tunix's graph computes (logits of every
+prefill and decode step, LoRA included, for plain, grouped-query and fused
+qkv attention, through local and global layers), leave the training model as
+it was, and compile to a decode loop without the per-step copies it exists
+to remove (checked in the optimized HLO, against tunix's graph which has
+them).
+"""
+
+import dataclasses
+import os
+import re
+
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+from flax import nnx  # pylint: disable=g-import-not-at-top
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tunix.generate import sampler as sampler_lib
+from tunix.models.gemma3 import model as gemma3_lib
+
+from agent_tunix import rollout
+from agent_tunix import sharding
+from agent_tunix.models import decode
+from agent_tunix.models import gemma
+from agent_tunix.models import lora
+from configs import tiny
+
+_PROMPT_LEN = 8
+_STEPS = 20  # Past the tiny model's 16-token sliding window.
+
+
+@pytest.mark.parametrize('einsum_str, shapes', [
+    ('BTD,NDH->BTNH', ((2, 3, 5), (4, 5, 6))),
+    ('BSD,CKDH->CBSKH', ((2, 3, 5), (2, 3, 5, 6))),
+    ('BTD,SNDH->SBTNH', ((2, 1, 5), (3, 4, 5, 6))),
+    ('BTNH,NHD->BTD', ((2, 1, 4, 6), (4, 6, 5))),
+])
+def test_contraction_major_einsum_is_the_same_product(einsum_str, shapes):
+  rng = np.random.default_rng(0)
+  x, w = (rng.standard_normal(s) for s in shapes)
+  new_str, weight_perm, output_perm = decode.contraction_major(einsum_str)
+  got = np.transpose(
+      np.einsum(new_str, x, np.transpose(w, weight_perm)), output_perm
+  )
+  np.testing.assert_allclose(got, np.einsum(einsum_str, x, w), rtol=1e-12)
+  # The stored weight starts with the contracted axes, in their order.
+  lhs, rhs = einsum_str.split('->')[0].split(',')
+  contracted = [rhs.index(c) for c in rhs if c in lhs]
+  assert weight_perm[:len(contracted)] == tuple(contracted)
+  # jnp.einsum contracts them in that stored order.
+  text = jax.jit(lambda a, b: jnp.einsum(new_str, a, b)).lower(
+      x, np.transpose(w, weight_perm)).as_text()
+  lhs_axes = ', '.join(str(lhs.index(rhs[i])) for i in contracted)
+  rhs_axes = ', '.join(str(i) for i in range(len(contracted)))
+  assert f'contracting_dims = [{lhs_axes}] x [{rhs_axes}]' in text, text
+
+
+def test_contraction_major_refuses_batch_axes():
+  with pytest.raises(ValueError, match='batch axes'):
+    decode.contraction_major('BND,NDH->BNH')
+
+
+def _lora_model(num_layers=2, num_heads=2, num_kv_heads=1):
+  """A random float32 tiny Gemma 3 with LoRA, every adapter non-zero.
+
+  float32 (the CPU presets' dtype): in bfloat16 the two graphs' different
+  orders of summation show up as ties broken differently.
+  """
+  config = tiny.get_config()
+  cfg = dataclasses.replace(gemma.tiny_config(), num_layers=num_layers,
+                            num_heads=num_heads, num_kv_heads=num_kv_heads,
+                            param_dtype=jnp.float32)
+  mesh = sharding.make_mesh(config.mesh)
+  model = lora.apply_lora(gemma.random_model(cfg, mesh), config.model)
+  state = lora.lora_state(model)
+  keys = iter(jax.random.split(jax.random.key(7), 1000))
+  nnx.update(model, jax.tree.map(
+      lambda x: 0.1 * jax.random.normal(next(keys), x.shape, x.dtype), state))
+  return model, gemma.load_tokenizer(config.model)
+
+
+def _sample(sampler, prompts, steps):
+  """Greedy prefill + decode with tunix's own state; (logits, tokens)."""
+  # pylint: disable=protected-access
+  sampler.eos_ids = np.array([-1], np.int32)  # Run every step.
+  state = sampler.init_sample_state(
+      jnp.asarray(prompts), total_sampling_steps=prompts.shape[1] + steps,
+      include_logits=True, forbidden_token_ids=None, temperature=0.0,
+      top_p=None, top_k=None, seed=jax.random.PRNGKey(0), beam_size=None,
+  )
+  params = sampler._flattened_transformer_state
+  state = sampler._compiled_prefill_fn(params, state, None, echo=False)
+  state = sampler._compiled_decode_fn(params, state)
+  # pylint: enable=protected-access
+  return np.asarray(state.logits_buffer), np.asarray(state.token_buffer)
+
+
+def _prompts(rows):
+  rng = np.random.default_rng(1)
+  prompts = rng.integers(3, 5000, size=(rows, _PROMPT_LEN)).astype(np.int32)
+  prompts[0, :3] = 0  # Left padding in one row.
+  return prompts
+
+
+def _cache_config(model, size):
+  cfg = model.config
+  return sampler_lib.CacheConfig(cache_size=size, num_layers=cfg.num_layers,
+                                 num_kv_heads=cfg.num_kv_heads,
+                                 head_dim=cfg.head_dim)
+
+
+@pytest.mark.parametrize('layers, heads, kv_heads', [
+    (6, 2, 1),  # Five local layers and a global one; grouped queries.
+    (2, 4, 2),  # Two key/value heads with two query heads each.
+    (2, 2, 2),  # As many kv heads as heads: tunix's fused qkv_einsum.
+])
+def test_cpu_graph_computes_what_tunix_computes(layers, heads, kv_heads):
+  model, tokenizer = _lora_model(layers, heads, kv_heads)
+  prompts = _prompts(3)
+  size = _PROMPT_LEN + _STEPS
+  ours = rollout.Rollout(model, tokenizer, cache_size=size)
+  assert ours.cpu_decode_graph
+  graph = ours.sampler.transformer
+  assert type(graph.embedder) is decode.ColumnDecodeEmbedder
+  assert all(type(l.attn) is decode.DecodeStepAttention for l in graph.layers)
+  fused = heads == kv_heads
+  assert getattr(graph.layers[0].attn, 'qkv_einsum' if fused else 'q_einsum')
+  tunix = sampler_lib.Sampler(model, tokenizer, _cache_config(model, size))
+  got_logits, got_tokens = _sample(ours.sampler, prompts, _STEPS)
+  want_logits, want_tokens = _sample(tunix, prompts, _STEPS)
+  np.testing.assert_array_equal(got_tokens, want_tokens)
+  scale = np.abs(want_logits).max()
+  assert scale > 0.1  # The random model's logits are not flat.
+  np.testing.assert_allclose(got_logits, want_logits, rtol=0, atol=1e-5 * scale)
+
+
+def test_training_model_keeps_tunix_graph_and_shares_adapters():
+  model, tokenizer = _lora_model()
+  attn = model.layers[0].attn
+  before = {name: (type(getattr(attn, name)), getattr(attn, name).einsum_str,
+                   getattr(attn, name).w)
+            for name in ('q_einsum', 'kv_einsum', 'attn_vec_einsum')}
+  sampler = rollout.Rollout(model, tokenizer, cache_size=32)
+  assert type(model.embedder) is gemma3_lib.Embedder
+  assert all(type(l.attn) is gemma3_lib.Attention for l in model.layers)
+  for name, (cls, einsum_str, w) in before.items():
+    einsum = getattr(attn, name)
+    assert (type(einsum), einsum.einsum_str) == (cls, einsum_str)
+    assert einsum.w is w and not hasattr(einsum, 'output_perm')
+  graph_attn = sampler.sampler.transformer.layers[0].attn
+  # The sampler holds q/kv transposed (contracted axis D first) ...
+  assert graph_attn.q_einsum.w[...].shape == (32, 2, 16)
+  assert graph_attn.kv_einsum.w[...].shape == (32, 2, 1, 16)
+  np.testing.assert_array_equal(
+      graph_attn.q_einsum.w[...],
+      np.transpose(attn.q_einsum.w[...], (1, 0, 2)))
+  # ... and the model's own adapters: an update reaches the sampler.
+  new_b = attn.q_einsum.w_lora_b[...] + 1.0
+  attn.q_einsum.w_lora_b.set_value(new_b)
+  np.testing.assert_array_equal(
+      sampler.sampler.transformer.layers[0].attn.q_einsum.w_lora_b[...], new_b)
+
+
+def _while_body_copies(hlo):
+  """Shapes copied inside the decode loop's body (optimized HLO text)."""
+  bodies = re.findall(r'while\(.*?body=%([\w.\-]+)', hlo)
+  copied = []
+  for body in bodies:
+    start = hlo.index(f'\n%{body} ')
+    text = hlo[start:hlo.index('\n}\n', start)]
+    for m in re.finditer(r'%([\w.\-]+) = (\w+\[[\d,]*\])\S* (copy|fusion)\(',
+                         text):
+      name, shape, op = m.groups()
+      if op == 'copy' or name.startswith(('copy', 'transpose')):
+        copied.append(shape)
+  return copied
+
+
+def test_decode_loop_copies_no_kv_cache_or_weights():
+  model, tokenizer = _lora_model()
+  size, rows = 64, 3  # 3: no activation shares a weight's shape.
+  prompts = _prompts(rows)
+  cfg = model.config
+  cache = f'f32[{rows},{size},{cfg.num_kv_heads},{cfg.head_dim}]'
+  # The frozen weights (LoRA adapters are a few KB; one is re-laid out).
+  frozen = nnx.state(model.layers[0].attn, nnx.Not(nnx.LoRAParam))
+  weights = {f'f32[{",".join(map(str, x.shape))}]'
+             for x in jax.tree.leaves(frozen) if x.ndim >= 2}
+  # Flattened weight copies show up as 2-D: [features, heads x head_dim].
+  weights |= {f'f32[{cfg.embed_dim},{cfg.num_heads * cfg.head_dim}]',
+              f'f32[{cfg.num_heads * cfg.head_dim},{cfg.embed_dim}]',
+              f'f32[{2 * cfg.num_kv_heads * cfg.head_dim},{cfg.embed_dim}]'}
+
+  def loop_copies(sampler):
+    # pylint: disable=protected-access
+    sampler.eos_ids = np.array([1], np.int32)
+    state = sampler.init_sample_state(
+        jnp.asarray(prompts), total_sampling_steps=size,
+        include_logits=False, forbidden_token_ids=None, temperature=0.0,
+        top_p=None, top_k=None, seed=jax.random.PRNGKey(0), beam_size=None)
+    params = sampler._flattened_transformer_state
+    state = sampler._compiled_prefill_fn(params, state, None, echo=False)
+    hlo = sampler._compiled_decode_fn.lower(params, state).compile().as_text()
+    # pylint: enable=protected-access
+    copies = _while_body_copies(hlo)
+    return ([s for s in copies if s.startswith(cache[:-1])],
+            [s for s in copies if s in weights])
+
+  ours = rollout.Rollout(model, tokenizer, cache_size=size).sampler
+  tunix = sampler_lib.Sampler(model, tokenizer, _cache_config(model, size))
+  want_cache, want_weights = loop_copies(tunix)
+  # tunix's graph copies both every step (the check can see them) ...
+  assert want_cache and want_weights
+  # ... the CPU graph neither.
+  assert loop_copies(ours) == ([], [])
