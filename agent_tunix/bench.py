@@ -101,7 +101,7 @@ once, the tied embedding as the output projection, plus attention over the KV
 cache) divided by a measured large-matmul FLOP/s in the model dtype
 (settings["matmul_throughput"]); settings["cpu_decode_graph"] says whether the
 sampler ran models.decode's CPU graph (no per-step KV cache or weight copies;
-output projection as E @ x.T at most settings["column_decode_max_rows"]
+output projection as E @ x.T at settings["column_decode_rows"] = [min, max]
 rows), and
 ours["read_bound_tokens_per_s"] / ours["fraction_of_read_bound"] use
 settings["read_bandwidth"] in place of the copy bandwidth. GRPO
@@ -968,7 +968,8 @@ def decode_measurements(ctx, batch_sizes):
         'temperature': gen.temperature,
         'top_k': gen.top_k,
         'cpu_decode_graph': sampler.cpu_decode_graph,
-        'column_decode_max_rows': decode.COLUMN_DECODE_MAX_ROWS,
+        'column_decode_rows': [decode.COLUMN_DECODE_MIN_ROWS,
+                               decode.COLUMN_DECODE_MAX_ROWS],
     }
     ours = {
         'name': 'tunix Sampler decode loop via rollout.Rollout',

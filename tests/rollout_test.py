@@ -167,7 +167,8 @@ def test_column_decode_embedder_is_the_same_projection(tiny_rollout):
     assert got.shape == shape + (table.shape[0],)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     jaxpr = str(jax.make_jaxpr(embedder.decode)(x))
-    columns = np.prod(shape) <= decode.COLUMN_DECODE_MAX_ROWS
+    columns = (decode.COLUMN_DECODE_MIN_ROWS <= np.prod(shape) <=
+               decode.COLUMN_DECODE_MAX_ROWS)
     assert ('optimization_barrier' in jaxpr) == columns, shape
 
 
