@@ -31,8 +31,9 @@ Sections (--skip takes a comma list of their names):
           memory-bandwidth bound: the bytes read per decode step (all model
           weights plus the whole allocated KV cache, which tunix's sampler
           attends over with a mask) divided by the copy bandwidth measured on
-          this machine ((read + written bytes) / time of a large array copy;
-          the larger of a jitted JAX copy and, on CPU, a NumPy copy). Also
+          this machine ((read + written bytes) / time of a pass over a 256 MB
+          array: the larger of a jitted in-place x + 1 and, on CPU, a NumPy
+          copy; see memory_bandwidth). Also
           against a roofline bound, the slower of that and the decode step's
           matmul FLOPs at a measured large-matmul rate: a CPU is compute-bound
           at batch sizes where the bandwidth bound cannot be reached. And
@@ -94,21 +95,19 @@ JSON written to --output:
 
 "partial" means one side ran and the other was skipped. For decode, the peer
 is the bandwidth bound (its median_s is the bound's time for the same decode
-steps), so ratio >= 1 and ours["fraction_of_bound"] = 1 / ratio; ours also
-carries "roofline_tokens_per_s" and "fraction_of_roofline", against the larger
-of that time and settings["flops_per_step"] (matmul FLOPs: every weight matrix
+steps), so ours["fraction_of_bound"] = 1 / ratio; ours also carries
+"roofline_tokens_per_s" and "fraction_of_roofline", against the larger of
+that time and settings["flops_per_step"] (matmul FLOPs: every weight matrix
 once, the tied embedding as the output projection, plus attention over the KV
 cache) divided by a measured large-matmul FLOP/s in the model dtype
-(settings["matmul_throughput"]); settings["cpu_decode_graph"] says whether the
-sampler ran models.decode's CPU graph (no per-step KV cache or weight copies;
-output projection as E @ x.T at settings["column_decode_rows"] = [min, max]
-rows), and
-ours["read_bound_tokens_per_s"] / ours["fraction_of_read_bound"] use
-settings["read_bandwidth"] in place of the copy bandwidth. GRPO
-sides
-carry "compile_s", "breakdown_s" and "tokens_per_s" (completion tokens per
-second of step time); the memory sides carry "temp_bytes", "peak_bytes" and
-the other memory_analysis() fields.
+(settings["matmul_throughput"]), and "read_bound_tokens_per_s" /
+"fraction_of_read_bound", with settings["read_bandwidth"] in place of the
+copy bandwidth. settings["cpu_decode_graph"] says whether the sampler ran
+models.decode's CPU graph (no per-step KV cache or weight copies; output
+projection as E @ x.T at settings["column_decode_rows"] = [min, max] rows).
+GRPO sides carry "compile_s", "breakdown_s" and "tokens_per_s" (completion
+tokens per second of step time); the memory sides carry "temp_bytes",
+"peak_bytes" and the other memory_analysis() fields.
 """
 
 import dataclasses
@@ -810,45 +809,55 @@ def trl_grpo(ctx):
 def memory_bandwidth(kind='copy'):
   """(bytes/s, details) of one pass over a large float32 array.
 
-  kind='copy': (read + written bytes) / time of x + 1 (the issue's bound);
-  kind='read': bytes read / time of sum(x), what a decode step mostly does.
-  Each is the larger of a jitted JAX pass and, on CPU, the NumPy one.
+  kind='copy': (read + written bytes) / time of x <- x + 1, in place (the
+  jitted pass donates x, so no output buffer is allocated and page-faulted
+  in the timed pass: an out-of-place jitted copy times the page faults of a
+  fresh 256 MB buffer, measured 2-6 GB/s on a 2-core CPU where the
+  in-place pass runs at 47-64 GB/s); on CPU also np.copyto between two
+  allocated arrays (one thread). kind='read': bytes read / time of sum(x),
+  what a decode step mostly does. Each is the larger of the jitted JAX pass
+  and, on CPU, the NumPy one.
   """
   backend = jax.default_backend()
   nbytes = _COPY_BYTES.get(backend, _COPY_BYTES_ACCELERATOR)
   n = nbytes // 4
   repeats = max(3, _STEPS.value)
+  x = [jnp.ones((n,), jnp.float32)]
   if kind == 'copy':
     traffic = 2 * nbytes
-    jax_fn = jax.jit(lambda a: a + 1.0)
-    dst = np.empty((n,), np.float32) if backend == 'cpu' else None
-    np_fn = lambda a: np.copyto(dst, a)  # pylint: disable=unnecessary-lambda-assignment
+    update = jax.jit(lambda a: a + 1.0, donate_argnums=0)
+
+    def jax_pass():
+      x[0] = update(x[0])
+      jax.block_until_ready(x[0])
+    src = np.ones((n,), np.float32) if backend == 'cpu' else None
+    dst = np.empty_like(src) if backend == 'cpu' else None
+    np_pass = lambda: np.copyto(dst, src)  # pylint: disable=unnecessary-lambda-assignment
   elif kind == 'read':
     traffic = nbytes
-    jax_fn = jax.jit(jnp.sum)
-    np_fn = np.sum
+    total = jax.jit(jnp.sum)
+    jax_pass = lambda: jax.block_until_ready(total(x[0]))  # pylint: disable=unnecessary-lambda-assignment
+    src = np.ones((n,), np.float32) if backend == 'cpu' else None
+    np_pass = lambda: np.sum(src)  # pylint: disable=unnecessary-lambda-assignment
   else:
     raise ValueError(f'kind={kind!r}: expected copy or read.')
 
-  def rate(fn, x, sync):
-    sync(fn(x))
+  def rate(one_pass):
+    one_pass()  # Compiles; touches every page.
     times = []
     for _ in range(repeats):
       t0 = now()
-      sync(fn(x))
+      one_pass()
       times.append(now() - t0)
     return traffic / median(times)
 
-  x = jnp.ones((n,), jnp.float32)
-  best = rate(jax_fn, x, jax.block_until_ready)
+  best = rate(jax_pass)
   details = {'kind': kind, 'array_bytes': nbytes, 'jax_bytes_per_s': best}
-  del x
+  x.clear()
   if backend == 'cpu':
-    src = np.ones((n,), np.float32)
-    np_bw = rate(np_fn, src, lambda r: r)
+    np_bw = rate(np_pass)
     details['numpy_bytes_per_s'] = np_bw
     best = max(best, np_bw)
-    del src
   details['used_bytes_per_s'] = best
   return best, details
 
