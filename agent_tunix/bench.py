@@ -942,7 +942,10 @@ def decode_measurements(ctx, batch_sizes):
   )
   prompt_len = _DECODE_PROMPT_LENGTH.value
   steps = gen.max_generation_steps
-  sampler = rollout.Rollout(model, ctx.tokenizer, prompt_len + steps)
+  sampler = rollout.Rollout(
+      model, ctx.tokenizer, prompt_len + steps,
+      cpu_decode_graph=config.generation.cpu_decode_graph,
+  )
   disable_end_tokens(sampler)
   results = []
   for b in batch_sizes:

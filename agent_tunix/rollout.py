@@ -83,7 +83,16 @@ def uses_cpu_decode_graph(model):
 class Rollout:
   """Samples completions from the current policy (LoRA included)."""
 
-  def __init__(self, model, tokenizer, cache_size):
+  def __init__(self, model, tokenizer, cache_size, cpu_decode_graph=True):
+    """Builds tunix's sampler over `model`.
+
+    Args:
+      model: the policy (LoRA included); the sampler follows its variables.
+      tokenizer: its SentencePiece tokenizer.
+      cache_size: KV cache length (prompt bucket + completion length).
+      cpu_decode_graph: on CPU, build the sampler from models.decode's graph
+        (`config.generation.cpu_decode_graph`); ignored elsewhere.
+    """
     cfg = model.config
     self.tokenizer = tokenizer
     cache_config = sampler_lib.CacheConfig(
@@ -95,7 +104,8 @@ class Rollout:
     # The sampler keeps the graph it is built from, so on CPU it is built
     # from models.decode's graph, swapped in only meanwhile: the caller's
     # model keeps tunix's classes.
-    self.cpu_decode_graph = uses_cpu_decode_graph(model)
+    self.cpu_decode_graph = bool(cpu_decode_graph and
+                                 uses_cpu_decode_graph(model))
     graph = (decode.cpu_decode_graph(model) if self.cpu_decode_graph
              else contextlib.nullcontext())
     with graph:

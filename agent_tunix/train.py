@@ -80,7 +80,8 @@ def setup(config, workdir, with_data=True):
   mesh = sharding.make_mesh(config.mesh)
   model, tokenizer = models.build(config, mesh)
   sampler = rollout.Rollout(
-      model, tokenizer, config.generation.kv_cache_size
+      model, tokenizer, config.generation.kv_cache_size,
+      cpu_decode_graph=config.generation.cpu_decode_graph,
   )
   tx, schedule = grpo.make_optimizer(
       learning_rate=config.optimizer.learning_rate,

@@ -151,6 +151,11 @@ def get_config(arg=None):
   config.generation.top_p = 1.0
   # KV cache length; must be >= max_prompt_length + max_generation_steps.
   config.generation.kv_cache_size = 1024
+  # On CPU, sample with agent_tunix/models/decode.py's graph: tunix's
+  # computation without the KV cache and weight copies XLA CPU makes in
+  # every decode step (~1.5x faster rollouts on the 270M). False runs
+  # tunix's graph as is. No effect on TPU/GPU.
+  config.generation.cpu_decode_graph = True
 
   # ------------------------------------------------------------ optimizer
   config.optimizer = ml_collections.ConfigDict()

@@ -172,8 +172,7 @@ def test_column_decode_embedder_is_the_same_projection(tiny_rollout):
     assert ('optimization_barrier' in jaxpr) == columns, shape
 
 
-def test_cpu_decode_graph_only_in_the_sampler(tiny_rollout, prompts,
-                                              monkeypatch):
+def test_cpu_decode_graph_only_in_the_sampler(tiny_rollout, prompts):
   sampler, _ = tiny_rollout
   assert sampler.cpu_decode_graph
   config = tiny.get_config()
@@ -186,8 +185,8 @@ def test_cpu_decode_graph_only_in_the_sampler(tiny_rollout, prompts,
   assert type(graph.layers[0].attn) is decode.DecodeStepAttention
   assert type(model.embedder) is gemma3_lib.Embedder
   assert type(model.layers[0].attn) is gemma3_lib.Attention
-  monkeypatch.setattr(rollout, 'uses_cpu_decode_graph', lambda m: False)
-  plain = rollout.Rollout(model, tokenizer, cache_size=32)
+  plain = rollout.Rollout(model, tokenizer, cache_size=32,
+                          cpu_decode_graph=False)  # The config's switch.
   assert not plain.cpu_decode_graph
   assert type(plain.sampler.transformer.embedder) is gemma3_lib.Embedder
   assert type(plain.sampler.transformer.layers[0].attn) is gemma3_lib.Attention

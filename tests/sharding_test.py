@@ -139,8 +139,9 @@ for shape in shapes:
     session = dataclasses.replace(
         session, config=config, mesh=mesh, model=model, optimizer=optimizer,
         schedule=schedule, hp=grpo.hparams_from_config(config),
-        sampler=rollout.Rollout(model, session.tokenizer,
-                                config.generation.kv_cache_size))
+        sampler=rollout.Rollout(
+            model, session.tokenizer, config.generation.kv_cache_size,
+            cpu_decode_graph=config.generation.cpu_decode_graph))
   mesh, model = session.mesh, session.model
   result = {
       'devices': len(mesh.devices.flat),

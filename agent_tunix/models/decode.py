@@ -3,25 +3,26 @@
 A decode step reads every weight once for a few rows, so its speed is set by
 how many bytes XLA CPU moves per step. Compiled as tunix writes it, the
 decode loop's body (optimized HLO; tests/decode_test.py checks for these
-copies) also wrote, every step:
+copies) also copied, every step and in every layer:
 
-  * the KV cache was copied twice per layer per step: the cache update
-    (dynamic-update-slice) fed both the attention dot and the loop's carried
-    cache, so XLA fused it twice and copied the buffer it could no longer
-    update in place; and the key cache was transposed for the logits dot;
-  * the q/kv/qkv and output projection weights were transposed on every
-    step: their einsums contract a middle (or minor-first) axis of the
-    weight, XLA CPU's dot wants the contracted axes leading, and the
-    transposes are placed inside the loop after loop-invariant code motion.
+  * the KV cache, twice or more: the cache update (dynamic-update-slice)
+    fed both the attention dot and the loop's carried cache, so XLA fused
+    it twice and copied the buffer it could no longer update in place; and
+    the key cache was transposed for the logits dot;
+  * the q/kv/qkv and attention-output weights, transposed: their einsums
+    contract a middle (or minor-first) axis of the weight, XLA CPU's dot
+    wants the contracted axes leading, and the transposes are placed inside
+    the loop after loop-invariant code motion has run.
 
 On the 270M at 16 rows and a 512-token cache (302 MB of KV cache, 1.09 GB
-of weights) a step took 265 ms with them and about 150 ms without (the 2-core
-CPU this was written on). This module's classes give the sampler the same
-computation without those copies. `cpu_decode_graph(model)` swaps them into `model` while the sampler is
-built (the sampler keeps that graph) and restores the model after, so the
-training model keeps tunix's classes. The LoRA adapters stay the model's own
-variables, so every update reaches the sampler; only the transposed copies
-of the frozen q/kv/qkv weights are the sampler's own (70 MB on the 270M).
+of weights) a step took 265 ms with these copies and about 150 ms without
+(2-core CPU). This module's classes give the sampler the same computation
+without them. `cpu_decode_graph(model)` swaps them into `model` while the
+sampler is built (the sampler keeps that graph) and restores the model
+after, so the training model keeps tunix's classes. The LoRA adapters stay
+the model's own variables, so every update reaches the sampler; only the
+transposed copies of the frozen q/kv/qkv weights are the sampler's own
+(70 MB on the 270M).
 
 Used on CPU only; on TPU/GPU the sampler runs tunix's graph unchanged.
 """
