@@ -823,6 +823,7 @@ def memory_bandwidth(kind='copy'):
   n = nbytes // 4
   repeats = max(3, _STEPS.value)
   x = [jnp.ones((n,), jnp.float32)]
+  src = np.ones((n,), np.float32) if backend == 'cpu' else None
   if kind == 'copy':
     traffic = 2 * nbytes
     update = jax.jit(lambda a: a + 1.0, donate_argnums=0)
@@ -830,14 +831,12 @@ def memory_bandwidth(kind='copy'):
     def jax_pass():
       x[0] = update(x[0])
       jax.block_until_ready(x[0])
-    src = np.ones((n,), np.float32) if backend == 'cpu' else None
     dst = np.empty_like(src) if backend == 'cpu' else None
     np_pass = lambda: np.copyto(dst, src)  # pylint: disable=unnecessary-lambda-assignment
   elif kind == 'read':
     traffic = nbytes
     total = jax.jit(jnp.sum)
     jax_pass = lambda: jax.block_until_ready(total(x[0]))  # pylint: disable=unnecessary-lambda-assignment
-    src = np.ones((n,), np.float32) if backend == 'cpu' else None
     np_pass = lambda: np.sum(src)  # pylint: disable=unnecessary-lambda-assignment
   else:
     raise ValueError(f'kind={kind!r}: expected copy or read.')

@@ -83,19 +83,25 @@ def _lora_model(num_layers=2, num_heads=2, num_kv_heads=1):
   return model, gemma.load_tokenizer(config.model)
 
 
-def _sample(sampler, prompts, steps):
-  """Greedy prefill + decode with tunix's own state; (logits, tokens)."""
+def _prefilled(sampler, prompts, total, include_logits=False):
+  """(params, greedy state after tunix's prefill) with tunix's own state."""
   # pylint: disable=protected-access
-  sampler.eos_ids = np.array([-1], np.int32)  # Run every step.
   state = sampler.init_sample_state(
-      jnp.asarray(prompts), total_sampling_steps=prompts.shape[1] + steps,
-      include_logits=True, forbidden_token_ids=None, temperature=0.0,
-      top_p=None, top_k=None, seed=jax.random.PRNGKey(0), beam_size=None,
+      jnp.asarray(prompts), total_sampling_steps=total,
+      include_logits=include_logits, forbidden_token_ids=None,
+      temperature=0.0, top_p=None, top_k=None, seed=jax.random.PRNGKey(0),
+      beam_size=None,
   )
   params = sampler._flattened_transformer_state
-  state = sampler._compiled_prefill_fn(params, state, None, echo=False)
-  state = sampler._compiled_decode_fn(params, state)
-  # pylint: enable=protected-access
+  return params, sampler._compiled_prefill_fn(params, state, None, echo=False)
+
+
+def _sample(sampler, prompts, steps):
+  """Greedy prefill + decode; (logits, tokens) of every position."""
+  sampler.eos_ids = np.array([-1], np.int32)  # Run every step.
+  params, state = _prefilled(sampler, prompts, prompts.shape[1] + steps,
+                             include_logits=True)
+  state = sampler._compiled_decode_fn(params, state)  # pylint: disable=protected-access
   return np.asarray(state.logits_buffer), np.asarray(state.token_buffer)
 
 
@@ -196,16 +202,10 @@ def test_decode_loop_copies_no_kv_cache_or_weights():
               f'f32[{2 * cfg.num_kv_heads * cfg.head_dim},{cfg.embed_dim}]'}
 
   def loop_copies(sampler):
-    # pylint: disable=protected-access
     sampler.eos_ids = np.array([1], np.int32)
-    state = sampler.init_sample_state(
-        jnp.asarray(prompts), total_sampling_steps=size,
-        include_logits=False, forbidden_token_ids=None, temperature=0.0,
-        top_p=None, top_k=None, seed=jax.random.PRNGKey(0), beam_size=None)
-    params = sampler._flattened_transformer_state
-    state = sampler._compiled_prefill_fn(params, state, None, echo=False)
-    hlo = sampler._compiled_decode_fn.lower(params, state).compile().as_text()
-    # pylint: enable=protected-access
+    params, state = _prefilled(sampler, prompts, size)
+    hlo = sampler._compiled_decode_fn.lower(  # pylint: disable=protected-access
+        params, state).compile().as_text()
     copies = _while_body_copies(hlo)
     return ([s for s in copies if s.startswith(cache[:-1])],
             [s for s in copies if s in weights])

@@ -242,5 +242,5 @@ def cpu_decode_graph(model):
       module.__class__ = cls
       for name, value in attrs.items():
         setattr(module, name, value)
-      if cls is not ContractionMajorEinsum and 'output_perm' in vars(module):
+      if 'output_perm' in vars(module):
         del module.output_perm
