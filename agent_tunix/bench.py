@@ -723,9 +723,7 @@ def trl_grpo(ctx):
   path = gemma.resolve_path(config.model)
   directory, filename = os.path.split(path)
   dtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16}[m.dtype]
-  tokenizer = transformers.AutoTokenizer.from_pretrained(
-      directory, gguf_file=filename
-  )
+  tokenizer = trl_tokenizer(ctx, transformers)
   model = transformers.AutoModelForCausalLM.from_pretrained(
       directory, gguf_file=filename, dtype=dtype
   )
@@ -792,7 +790,10 @@ def trl_grpo(ctx):
     raise RuntimeError(f'TRL ran {len(times)} of {total_steps} steps.')
   tokens = t.batch_size * g.num_generations * gen.max_generation_steps
   note = ('step = TrainerCallback on_step_begin to on_step_end (generation, '
-          'reference and update inside); total only.')
+          'reference and update inside); total only. Tokenizer: ours (the '
+          'same prompt token ids), as a transformers GemmaTokenizer; '
+          f'gradient_checkpointing={getattr(args, "gradient_checkpointing", None)}'
+          f', torch threads {torch.get_num_threads()}.')
   if dropped:
     note += f' GRPOConfig of this TRL has no {", ".join(dropped)}.'
   side = step_summary(f'TRL GRPOTrainer {trl.__version__} (torch '
@@ -801,6 +802,32 @@ def trl_grpo(ctx):
   del trainer, model
   gc.collect()
   return side
+
+
+def trl_tokenizer(ctx, transformers):
+  """Our SentencePiece model as a transformers GemmaTokenizer (adds BOS).
+
+  transformers' own tokenizer from the GGUF file splits text into about
+  twice as many tokens as the SentencePiece model (196 against 104 for the
+  bench prompt at bucket 128), so TRL would prefill longer prompts than the
+  other sides. This one gives the prompt token ids our side uses; checked.
+  """
+  directory = tempfile.mkdtemp(prefix='bench_trl_tokenizer_')
+  with open(os.path.join(directory, 'tokenizer.model'), 'wb') as f:
+    f.write(ctx.tokenizer.serialized_model_proto())
+  tokenizer = transformers.GemmaTokenizer.from_pretrained(
+      directory, add_bos_token=True
+  )
+  for text, tokens, mask in zip(ctx.prompts, ctx.prompt_tokens,
+                                ctx.prompt_mask):
+    ids = tokenizer(text=[text])['input_ids'][0]
+    if list(ids) != [int(x) for x in tokens[mask]]:
+      raise RuntimeError(
+          f'TRL side: the transformers tokenizer built from our SentencePiece '
+          f'model gives {len(ids)} ids for a bench prompt where ours gives '
+          f'{int(mask.sum())}; the workloads would differ.'
+      )
+  return tokenizer
 
 
 # ----------------------------------------------------------------- decode
