@@ -111,9 +111,16 @@ class Rollout:
     with graph:
       self.sampler = sampler_lib.Sampler(model, tokenizer, cache_config)
     if self.cpu_decode_graph:
-      # tunix's jit of the decode loop, with the CPU compile options.
+      # tunix's jit of the decode loop, with the CPU compile options, traced
+      # with models.decode's sampling.
+      decode_loop = self.sampler._decode_fn  # pylint: disable=protected-access
+
+      def decode_with_cpu_sampling(params, state):
+        with decode.cpu_sampling():
+          return decode_loop(params, state)
+
       self.sampler._compiled_decode_fn = jax.jit(  # pylint: disable=protected-access
-          self.sampler._decode_fn,  # pylint: disable=protected-access
+          decode_with_cpu_sampling,
           donate_argnums=(1,),
           compiler_options=decode.DECODE_COMPILER_OPTIONS,
       )

@@ -5,9 +5,11 @@ prefill and decode step, LoRA included, for plain, grouped-query and fused
 qkv attention, through local and global layers), leave the training model as
 it was, and compile to a decode loop without the per-step copies it exists
 to remove (checked in the optimized HLO, against tunix's graph which has
-them).
+them). Its sampling must draw the tokens tunix's sampling draws: the block
+top-k gives lax.top_k's values and indices, ties included.
 """
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -217,3 +219,79 @@ def test_decode_loop_copies_no_kv_cache_or_weights():
   assert want_cache and want_weights
   # ... the CPU graph neither.
   assert loop_copies(ours) == ([], [])
+
+
+def _tied_logits(shape, seed):
+  """Random logits on a coarse grid (many equal values), each row's largest
+  value repeated at the middle and last entries (ties at the top)."""
+  x = jax.random.normal(jax.random.PRNGKey(seed), shape) * 3
+  x = jnp.round(x * 4) / 4
+  top = x.max(axis=-1)
+  return x.at[..., shape[-1] // 2].set(top).at[..., -1].set(top)
+
+
+@pytest.mark.parametrize('shape, k, block', [
+    ((3, 262144), 50, 64),   # The 270M's vocabulary, as the sampler has it.
+    ((2, 3, 4096), 7, 64),   # Leading axes.
+    ((4, 4096), 1, 128),
+    ((2, 1000), 5, 64),      # Not a multiple of the block: lax.top_k.
+    ((2, 512), 10, 64),      # k blocks would be the whole row: lax.top_k.
+])
+def test_block_top_k_is_lax_top_k(shape, k, block):
+  x = _tied_logits(shape, seed=k)
+  got = jax.jit(lambda x: decode.block_top_k(x, k, block))(x)
+  want = jax.lax.top_k(x, k)
+  # Every row ties at its largest value: the lower index must come first.
+  assert (np.sum(np.asarray(x) == np.asarray(want[0][..., :1]), axis=-1)
+          >= 2).all()
+  np.testing.assert_array_equal(got[0], want[0])
+  np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize('temperature, top_p, top_k, logprobs', [
+    (0.9, 1.0, 50, False),   # The presets' setting.
+    (0.7, 0.9, 50, True),
+    (1.0, 0.8, None, False),  # top-p over the whole vocabulary.
+    (1.3, 1.0, 0, True),     # Neither cut: one draw over every token.
+    (1.0, 0.95, 3, False),
+])
+def test_sample_top_p_draws_what_tunix_draws(temperature, top_p, top_k,
+                                             logprobs):
+  logits = _tied_logits((4, 1, 4096), seed=3)
+  for seed in range(8):
+    key = jax.random.PRNGKey(seed)
+    got = decode.sample_top_p(logits, key, temperature, top_p, top_k,
+                              return_logprobs=logprobs)
+    want = sampler_lib.sample_top_p(logits, key, temperature, top_p, top_k,
+                                    return_logprobs=logprobs)
+    np.testing.assert_array_equal(got[0], want[0])
+    if logprobs:
+      np.testing.assert_array_equal(got[1], want[1])
+    else:
+      assert got[1] is None and want[1] is None
+
+
+def test_rollout_samples_with_block_top_k(monkeypatch):
+  model, tokenizer = _lora_model()
+  prompts = _prompts(3)
+  settings = dict(temperature=0.9, top_k=50, top_p=1.0, num_generations=2)
+  calls = []
+  original = decode.sample_top_p
+
+  def counted(*args, **kwargs):
+    calls.append(args[4])
+    return original(*args, **kwargs)
+
+  monkeypatch.setattr(decode, 'sample_top_p', counted)
+  sampled = rollout.Rollout(model, tokenizer, _PROMPT_LEN + _STEPS)
+  assert sampled.cpu_decode_graph
+  got = sampled.generate(prompts, _STEPS, seed=5, **settings)
+  assert calls == [50]  # Traced once, into the compiled decode loop.
+  assert sampler_lib.sample_top_p is not counted  # Restored after tracing.
+  # Same graph, tunix's sampling: the same tokens (block_top_k is exact).
+  monkeypatch.setattr(decode, 'cpu_sampling', contextlib.nullcontext)
+  plain = rollout.Rollout(model, tokenizer, _PROMPT_LEN + _STEPS)
+  want = plain.generate(prompts, _STEPS, seed=5, **settings)
+  assert len(calls) == 1
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  assert len(np.unique(got.tokens)) > 10  # Sampled, not one repeated token.
