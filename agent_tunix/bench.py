@@ -731,7 +731,7 @@ def trl_grpo(ctx):
   loss_types = {'token-mean': 'bnpo', 'sequence-mean-token-mean': 'grpo',
                 'sequence-mean-token-sum-norm': 'dr_grpo'}
   wanted = {
-      'output_dir': tempfile.mkdtemp(prefix='bench_trl_'),
+      'output_dir': os.path.join(ctx.session.workdir, 'trl'),
       'per_device_train_batch_size': t.micro_batch_size * g.num_generations,
       'gradient_accumulation_steps': t.batch_size // t.micro_batch_size,
       'num_generations': g.num_generations,
@@ -812,7 +812,8 @@ def trl_tokenizer(ctx, transformers):
   bench prompt at bucket 128), so TRL would prefill longer prompts than the
   other sides. This one gives the prompt token ids our side uses; checked.
   """
-  directory = tempfile.mkdtemp(prefix='bench_trl_tokenizer_')
+  directory = os.path.join(ctx.session.workdir, 'trl_tokenizer')
+  os.makedirs(directory)
   with open(os.path.join(directory, 'tokenizer.model'), 'wb') as f:
     f.write(ctx.tokenizer.serialized_model_proto())
   tokenizer = transformers.GemmaTokenizer.from_pretrained(
