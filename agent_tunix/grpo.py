@@ -1032,9 +1032,19 @@ def _logps(graphdefs, state, batch, hp, use_lora):
 _LOGPS = GraphJit(_logps, static_argnames=('hp', 'use_lora'))
 
 
-def _model_logps(model, batch, hp, use_lora):
+def logps_program(model):
+  """(jitted fn, model state): fn(state, batch, hp=, use_lora=) -> [N, C].
+
+  The program `reference_logps` and `policy_logps` run; the preflight
+  compiles it from the same pieces.
+  """
   graphdef, state = nnx.split(model)
-  return _LOGPS((graphdef,))(state, batch, hp=hp, use_lora=use_lora)
+  return _LOGPS((graphdef,)), state
+
+
+def _model_logps(model, batch, hp, use_lora):
+  fn, state = logps_program(model)
+  return fn(state, batch, hp=hp, use_lora=use_lora)
 
 
 def reference_logps(model: nnx.Module, batch: dict[str, jax.Array],

@@ -208,15 +208,8 @@ class Rollout:
     Returns:
       The sampler's state, ready for its prefill function.
     """
-    sampler = self.sampler
-    template = sampler.init_sample_state(
-        jnp.zeros((0, prompt_tokens.shape[1]), jnp.int32),
-        total_sampling_steps=total_steps,
-        include_logits=False,
-        forbidden_token_ids=None,
-        seed=jax.random.PRNGKey(seed),
-        beam_size=None,
-        **sampling,
+    template = self.state_template(
+        prompt_tokens.shape[1], total_steps, seed, **sampling
     )
     if self.mesh is None:
       prompts = jnp.asarray(prompt_tokens)
@@ -231,6 +224,43 @@ class Rollout:
       )
     arrays = self._init_arrays(prompts, key, total_steps=total_steps)
     return template.replace(**arrays)
+
+  def state_template(self, prompt_len, total_steps, seed, **sampling):
+    """The sampling state's fields that do not depend on the rows.
+
+    A zero-row `init_sample_state`: sampling mode and parameters, step
+    counters. `init_state` (and the preflight, with abstract arrays) fills
+    in the per-row arrays built by `init_arrays_fn`.
+    """
+    return self.sampler.init_sample_state(
+        jnp.zeros((0, prompt_len), jnp.int32),
+        total_sampling_steps=total_steps,
+        include_logits=False,
+        forbidden_token_ids=None,
+        seed=jax.random.PRNGKey(seed),
+        beam_size=None,
+        **sampling,
+    )
+
+  @property
+  def init_arrays_fn(self):
+    """Jitted (prompts, key, total_steps=) -> the per-row state arrays."""
+    return self._init_arrays
+
+  @property
+  def prefill_fn(self):
+    """Jitted (params, state, num_generations=G) -> state after prefill."""
+    return self._grouped_prefill
+
+  @property
+  def decode_fn(self):
+    """Jitted (params, state) -> state after the decode loop."""
+    return self.sampler._compiled_decode_fn  # pylint: disable=protected-access
+
+  @property
+  def params(self):
+    """The sampler's flattened model state (the programs' first argument)."""
+    return self.sampler._flattened_transformer_state  # pylint: disable=protected-access
 
   def _sharded_arrays(self, prompts, key, total_steps):
     """The per-row arrays of the initial state, with sharding constraints."""
@@ -311,7 +341,16 @@ class Rollout:
       attention_mask = sampler_utils.make_causal_attn_mask(
           input_mask, cache_size
       )
-    logits, cache = transformer(tokens, positions, state.cache, attention_mask)
+    # Logits of the last prompt position only: the model's own logits cover
+    # every position, [N, P, vocab] (XLA keeps them whole even when only the
+    # last is read); discarded, that matmul is removed.
+    def forward(module):
+      return module(tokens, positions, state.cache, attention_mask,
+                    output_hidden_states=True)[1]
+
+    cache, sown = nnx.capture(forward, nnx.Intermediate)(transformer)
+    hidden = sown['all_hidden_states'].get_value()[-1][:, -1:]
+    logits = transformer.embedder.decode(hidden)
     repeat = functools.partial(
         jnp.repeat, repeats=num_generations, axis=0
     )
@@ -324,7 +363,7 @@ class Rollout:
         cache=cache,
     )
     return sampler._sample(
-        logits=repeat(logits[:, -1:]),
+        logits=repeat(logits),
         eos=sampler.eos_ids,
         cache=cache,
         sampler_state=state,

@@ -25,12 +25,23 @@
 # sent SIGTERM, given --grace seconds (default 120) to checkpoint and exit,
 # and killed.
 #
+# Before anything is copied, the preflight compiles the run's training
+# programs for ACCELERATOR_TYPE on this machine (libtpu compiles for a TPU
+# it does not have; a few minutes for a 1B model):
+#   (cd REPO && $PYTHON -m agent_tunix.preflight --config=... \
+#      --topology=$ACCELERATOR_TYPE [--config.FIELD=VALUE ...])
+# and a run that does not fit the chips' HBM is not started (exit 1; the
+# preflight names the program, the bytes over and the fixes). PYTHON is the
+# local interpreter with requirements.txt installed (default python3).
+# --skip-preflight starts without it.
+#
 # Flags:
 #   --config=FILE[:ARG]      config file, relative to the repository root
 #   --workdir=DIR            output directory (gs:// for a multi-host pod)
 #   --config.FIELD=VALUE     config override, passed to the trainer
 #   --restart                stop a running job first
 #   --grace=SECONDS          how long --restart waits (120)
+#   --skip-preflight         start without compiling for ACCELERATOR_TYPE
 #   --dry-run                print the gcloud commands, run nothing
 #   --retries=N              attempts per gcloud step (RETRIES, 3)
 #   -- ARGS...               further trainer flags, passed through as given
@@ -43,7 +54,9 @@ config=''
 workdir=''
 restart=0
 grace=120
+skip_preflight=0
 trainer_args=()
+overrides=()
 while (($#)); do
   arg="$1"
   shift
@@ -53,8 +66,12 @@ while (($#)); do
   case "$arg" in
     --config=*) config="${arg#*=}" ;;
     --workdir=*) workdir="${arg#*=}" ;;
-    --config.*=*) trainer_args+=("$arg") ;;
+    --config.*=*)
+      trainer_args+=("$arg")
+      overrides+=("$arg")
+      ;;
     --restart) restart=1 ;;
+    --skip-preflight) skip_preflight=1 ;;
     --grace=*) grace="${arg#*=}" ;;
     --)
       trainer_args+=("$@")
@@ -83,6 +100,37 @@ config_file="${config%%:*}"
 if [[ ! -f "$REPO_DIR/$config_file" ]]; then
   warn "config file '$config_file' not found under $REPO_DIR; the workers" \
     "look for it under ~/agent_tunix"
+fi
+
+if ((!skip_preflight)); then
+  if [[ -z "${ACCELERATOR_TYPE:-}" ]]; then
+    info "the preflight compiles the run for ACCELERATOR_TYPE" \
+      "(--skip-preflight starts without it)"
+  fi
+  require_settings ACCELERATOR_TYPE
+  preflight=("${PYTHON:-python3}" -m agent_tunix.preflight "--config=$config"
+    "--topology=$ACCELERATOR_TYPE")
+  if ((${#overrides[@]})); then
+    preflight+=("${overrides[@]}")
+  fi
+  if ((DRY_RUN)); then
+    echo "(cd $(quote "$REPO_DIR") && $(quote_all "${preflight[@]}"))"
+  else
+    info "preflight: compiling the training programs for $ACCELERATOR_TYPE" \
+      "(no TPU needed; minutes for a large model)"
+    set +e
+    (cd "$REPO_DIR" && "${preflight[@]}")
+    preflight_rc=$?
+    set -e
+    if ((preflight_rc == 1)); then
+      die "not started: the run does not fit $ACCELERATOR_TYPE (the" \
+        "preflight above names what and the fixes); change the config, or" \
+        "pass --skip-preflight to start anyway"
+    elif ((preflight_rc != 0)); then
+      die "not started: the preflight failed with exit status" \
+        "$preflight_rc (see above); fix it, or pass --skip-preflight"
+    fi
+  fi
 fi
 
 # The script each worker runs inside tmux. The trainer runs in a subshell

@@ -14,8 +14,8 @@ from agent_tunix import config_lib
 from configs import base
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_PRESETS = ('base', 'gemma3_270m', 'gemma3_1b', 'gemma3_4b', 'quick_test',
-            'tiny')
+_PRESETS = ('base', 'gemma3_270m', 'gemma3_1b', 'gemma3_4b', 'gemma3_12b',
+            'gemma3_27b', 'quick_test', 'tiny')
 
 
 def _preset(name, arg=None):
@@ -49,7 +49,8 @@ def test_preset_loads_and_validates(name):
   config_lib.validate(config, num_devices=1)
 
 
-@pytest.mark.parametrize('name', ['gemma3_1b', 'gemma3_4b'])
+@pytest.mark.parametrize('name', ['gemma3_1b', 'gemma3_4b', 'gemma3_12b',
+                                  'gemma3_27b'])
 def test_accelerator_presets_validate_on_a_pod_slice(name):
   config_lib.validate(_preset(name), num_devices=8)
   config_lib.validate(_preset(name, 'it'), num_devices=8)
@@ -68,9 +69,10 @@ def test_apply_arg_it():
   config = _preset('gemma3_1b', 'it')
   assert config.model.preset == 'gemma3_1b_it'
   assert config.model.path.endswith('-it')
-  config = _preset('gemma3_4b', 'it')
-  assert config.model.preset == 'gemma3_4b_it'
-  assert config.model.path.endswith('-it')
+  for size in ('4b', '12b', '27b'):
+    config = _preset(f'gemma3_{size}', 'it')
+    assert config.model.preset == f'gemma3_{size}_it'
+    assert config.model.path == f'google/gemma-3/flax/gemma3-{size}-it'
 
 
 def test_apply_arg_overrides():

@@ -41,7 +41,7 @@ _BASIC = ('TPU_NAME', 'ZONE', 'PROJECT')
 _NEEDS = {
     'create.sh': tuple(_SETTINGS),
     'setup.sh': _BASIC,
-    'run.sh': _BASIC,
+    'run.sh': _BASIC + ('ACCELERATOR_TYPE',),  # For the preflight.
     'logs.sh': _BASIC,
     'tensorboard.sh': _BASIC,  # with --tunnel
     'stop.sh': _BASIC,
@@ -139,6 +139,17 @@ class _Result:
     self.calls = calls
 
 
+# Fake local python3 for run.sh's preflight: records its arguments and
+# working directory, exits with $FAKE_PREFLIGHT_RC (0).
+_FAKE_LOCAL_PYTHON = """#!{python} -S
+import json, os, sys
+with open(os.environ['FAKE_PREFLIGHT_LOG'], 'a') as f:
+  f.write(json.dumps({{'argv': sys.argv[1:], 'cwd': os.getcwd()}}) + '\\n')
+print('fake preflight report')
+sys.exit(int(os.environ.get('FAKE_PREFLIGHT_RC', '0')))
+"""
+
+
 class _Sandbox:
   """Runs launch scripts with a fake gcloud and a clean environment."""
 
@@ -146,7 +157,15 @@ class _Sandbox:
     self.root = root
     self.bin = root / 'bin'
     self.log = root / 'gcloud.jsonl'
+    self.preflight_log = root / 'preflight.jsonl'
     _write_executable(self.bin / 'gcloud', _FAKE_GCLOUD)
+    _write_executable(self.bin / 'python3',
+                      _FAKE_LOCAL_PYTHON.format(python=sys.executable))
+
+  def preflight_calls(self):
+    if not self.preflight_log.exists():
+      return []
+    return [json.loads(l) for l in self.preflight_log.read_text().splitlines()]
 
   def env(self, settings=None, **extra):
     env = {
@@ -154,6 +173,7 @@ class _Sandbox:
         'HOME': str(self.root / 'local_home'),
         'LC_ALL': 'C.UTF-8',
         'FAKE_GCLOUD_LOG': str(self.log),
+        'FAKE_PREFLIGHT_LOG': str(self.preflight_log),
         'RETRY_DELAY': '0',
     }
     env.update(_SETTINGS if settings is None else settings)
@@ -235,7 +255,11 @@ def _remote_command(call):
 
 
 def _split_dry_run(out):
-  """Parses dry-run output (shell words) back into gcloud argument lists."""
+  """Parses dry-run output (shell words) back into gcloud argument lists.
+
+  Lines that are not gcloud commands (run.sh's preflight) are skipped.
+  """
+  out = '\n'.join(l for l in out.splitlines() if not l.startswith('(cd '))
   commands = []
   for word in shlex.split(out):
     if word == 'gcloud':
@@ -334,6 +358,9 @@ def test_dry_run_runs_no_gcloud(sandbox, script):
   assert result.rc == 0, result.err
   assert not result.calls
   lines = result.out.splitlines()
+  if script == 'run.sh':  # First the local preflight command.
+    assert lines[0].startswith('(cd ') and 'agent_tunix.preflight' in lines[0]
+    lines = lines[1:]
   assert lines
   assert all(line.startswith('gcloud compute tpus ') for line in lines)
 
@@ -504,6 +531,51 @@ def test_run_gcloud_calls(sandbox):
   assert 'tmux new-session -d -s agent_tunix' in result.calls[2][8]
 
 
+def test_run_preflights_before_anything_is_copied(sandbox):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'], '--config.a.b=1',
+                       '--', '--flag=x')
+  assert result.rc == 0, result.err
+  (call,) = sandbox.preflight_calls()
+  assert call['argv'] == [
+      '-m', 'agent_tunix.preflight', '--config=configs/gemma3_1b.py',
+      '--topology=v5litepod-16', '--config.a.b=1']
+  assert call['cwd'] == str(_REPO)
+  assert len(result.calls) == 3
+
+
+def test_run_refuses_a_run_that_does_not_fit(sandbox):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'], FAKE_PREFLIGHT_RC='1')
+  assert result.rc == 1
+  assert 'does not fit v5litepod-16' in result.err
+  assert '--skip-preflight' in result.err
+  assert not result.calls
+
+
+def test_run_stops_when_the_preflight_fails(sandbox):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'], FAKE_PREFLIGHT_RC='2')
+  assert result.rc == 1
+  assert 'preflight failed with exit status 2' in result.err
+  assert not result.calls
+
+
+def test_run_skip_preflight(sandbox):
+  settings = {k: _SETTINGS[k] for k in _BASIC}
+  result = sandbox.run('run.sh', *_ARGS['run.sh'], '--skip-preflight',
+                       FAKE_PREFLIGHT_RC='1', settings=settings)
+  assert result.rc == 0, result.err
+  assert not sandbox.preflight_calls()
+  assert len(result.calls) == 3
+
+
+def test_run_dry_run_shows_the_preflight(sandbox):
+  result = sandbox.run('run.sh', '--dry-run', *_ARGS['run.sh'])
+  assert result.rc == 0, result.err
+  assert not sandbox.preflight_calls()
+  (line,) = [l for l in result.out.splitlines() if 'preflight' in l]
+  assert line == (f'(cd {_REPO} && python3 -m agent_tunix.preflight '
+                  '--config=configs/gemma3_1b.py --topology=v5litepod-16)')
+
+
 @pytest.mark.parametrize('args,message', [
     (['--workdir=gs://b/run'], '--config is required'),
     (['--config=configs/gemma3_1b.py'], '--workdir is required'),
@@ -561,8 +633,15 @@ def test_run_dry_run_quoting_round_trips(sandbox):
   overrides = [o for o in _OVERRIDES if '\n' not in o]
   real = sandbox.run('run.sh', *_ARGS['run.sh'], *overrides)
   dry = sandbox.run('run.sh', *_ARGS['run.sh'], *overrides, '--dry-run')
-  assert len(dry.out.splitlines()) == 3
+  preflight, *gcloud = dry.out.splitlines()
+  assert len(gcloud) == 3
   assert _split_dry_run(dry.out) == real.calls
+  # The preflight line too: the same words as the real preflight call.
+  prefix = f'(cd {_REPO} && '
+  assert preflight.startswith(prefix) and preflight.endswith(')')
+  (call,) = sandbox.preflight_calls()
+  assert shlex.split(preflight[len(prefix):-1]) == ['python3', *call['argv']]
+  assert call['argv'][-len(overrides):] == overrides
 
 
 @pytest.mark.parametrize('number', ['2', ''])

@@ -1,0 +1,561 @@
+r"""Compiles a run's training programs for a TPU slice, on any machine.
+
+  python -m agent_tunix.preflight --config=configs/gemma3_1b.py \
+      --topology=v5litepod-8 [--output=preflight.json]
+
+libtpu compiles for a TPU topology without a TPU (`tpu_topology`). The
+preflight builds the run's model abstractly (shapes and shardings: no
+weight or tokenizer file is read, so a 27B config is checked on a laptop),
+places it on a mesh of the slice's devices exactly as the trainer places
+it, and compiles the functions training runs, with the config's mesh,
+batch, micro-batching, remat, LoRA and KV cache:
+
+  rollout_prefill  rollout.Rollout.prefill_fn: the distinct prompts through
+                   the model into the KV cache, then G rows per prompt
+  rollout_decode   rollout.Rollout.decode_fn: the sampler's decode loop
+                   (XLA's cost analysis counts the loop body once, so its
+                   flops and bytes are those of one decode step)
+  reference_logps  grpo.logps_program (LoRA off), when grpo.beta > 0
+  old_logps        the same with LoRA on, when grpo.num_iterations > 1
+  update           grpo.TRAIN_STEP: gradient over the micro-batches and the
+                   optimizer step
+
+For each program, per chip, from the TPU compiler (`memory_analysis()`):
+argument, output, temporary and code bytes; their total, plus the state
+that lives through the program without being its argument (the optimizer
+state during the rollout and the log-prob passes), against the chip's HBM.
+From `cost_analysis()`: flops and bytes accessed per chip. Time figures are
+bounds, not measurements: a roofline lower bound per call, max(flops / peak
+bf16 FLOP/s, bytes / HBM bandwidth) with the chip's published figures
+(`tpu_topology.CHIPS`), and a step estimate summing prefill, one decode
+step per generated token, the log-prob passes and num_iterations updates.
+XLA counts each loop body once (the micro-batch scan of the update and the
+log-prob passes, the log-prob chunks), so their flops and bytes, and the
+bounds made from them, are lower than the program's: still lower bounds.
+
+Exit status 0 when every program fits, 1 when one does not (the report
+names it, the bytes over and the fixes that apply), 2 on a bad flag or
+config.
+"""
+
+import dataclasses
+import json
+import math
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+from flax import nnx
+import jax
+import jax.numpy as jnp
+from ml_collections import config_flags
+from tunix.models.gemma3 import model as gemma3_lib
+
+from agent_tunix import config_lib
+from agent_tunix import grpo
+from agent_tunix import rollout as rollout_lib
+from agent_tunix import sharding
+from agent_tunix import tpu_topology
+from agent_tunix.models import gemma
+from agent_tunix.models import lora
+
+# Share of a chip's nominal HBM a program may use: the runtime keeps some
+# for itself (a v5e reports about 15.75 of its 16 GiB to JAX).
+HBM_MARGIN = 0.95
+PROGRAMS = ('rollout_prefill', 'rollout_decode', 'reference_logps',
+            'old_logps', 'update')
+
+
+class GemmaSpecialTokens:
+  """The Gemma 3 vocabulary's special ids, for building the sampler.
+
+  The compiled programs need only these ids (padding, end tokens); the
+  preflight reads no tokenizer file. The ids are those of every Gemma 3
+  SentencePiece model (models/tokenizer.py rebuilds the same from GGUF).
+  """
+
+  _PIECES = {'<pad>': 0, '<eos>': 1, '<bos>': 2, '<unk>': 3,
+             '<start_of_turn>': 105, '<end_of_turn>': 106}
+
+  def pad_id(self):
+    return 0
+
+  def eos_id(self):
+    return 1
+
+  def bos_id(self):
+    return 2
+
+  def unk_id(self):
+    return 3
+
+  def piece_to_id(self, piece):
+    return self._PIECES.get(piece, self.unk_id())
+
+  def encode(self, text, **kwargs):
+    raise NotImplementedError('The preflight compiles programs; no text.')
+
+  def decode(self, ids, **kwargs):
+    raise NotImplementedError('The preflight compiles programs; no text.')
+
+
+@dataclasses.dataclass
+class Program:
+  """One compiled program's per-chip figures."""
+
+  name: str
+  calls_per_step: int
+  argument_bytes: int
+  output_bytes: int
+  alias_bytes: int
+  temp_bytes: int
+  code_bytes: int
+  resident_bytes: int  # live state that is not an argument
+  flops: float
+  bytes_accessed: float
+  compile_s: float
+
+  @property
+  def total_bytes(self):
+    return (self.argument_bytes + self.output_bytes - self.alias_bytes +
+            self.temp_bytes + self.code_bytes + self.resident_bytes)
+
+  def time_bound_s(self, chip, devices_per_chip=1):
+    """Roofline lower bound of one call on one device, in seconds."""
+    return max(self.flops * devices_per_chip / chip.peak_bf16_flops,
+               self.bytes_accessed * devices_per_chip / chip.hbm_bandwidth)
+
+
+def _per_chip_bytes(tree):
+  """Bytes one chip holds of the (abstract, sharded) arrays of `tree`."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = leaf.shape
+    if getattr(leaf, 'sharding', None) is not None:
+      shape = leaf.sharding.shard_shape(shape)
+    total += math.prod(shape) * jnp.dtype(leaf.dtype).itemsize
+  return total
+
+
+def _abstract_placed(tree, shardings):
+  """ShapeDtypeStructs of `tree` carrying the matching shardings."""
+  return jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      tree, shardings,
+  )
+
+
+def abstract_policy(config, mesh):
+  """The run's LoRA model and optimizer, abstract, placed as training does.
+
+  The model is the preset's architecture with the config's dtype and LoRA
+  (`models.lora.apply_lora`), and the optimizer is `grpo.make_optimizer`'s,
+  both built under `nnx.eval_shape`; every array is a ShapeDtypeStruct with
+  the sharding the trainer gives it (`nnx.get_named_sharding` of the
+  modules' sharding metadata: what `models.gemma` loads weights with and
+  what qwix and the optimizer inherit).
+
+  Returns:
+    (model, optimizer) NNX objects whose arrays are ShapeDtypeStructs.
+  """
+  cfg = gemma.model_config(config.model)
+  opt = config.optimizer
+  tx, _ = grpo.make_optimizer(
+      learning_rate=opt.learning_rate, warmup_ratio=opt.warmup_ratio,
+      num_steps=config.training.num_steps, b1=opt.b1, b2=opt.b2,
+      weight_decay=opt.weight_decay, max_grad_norm=opt.max_grad_norm,
+  )
+
+  def build():
+    model = gemma3_lib.Gemma3(cfg, rngs=nnx.Rngs(0))
+    model = lora.apply_lora(model, config.model, seed=config.training.seed)
+    return model, nnx.Optimizer(model, tx, wrt=nnx.LoRAParam)
+
+  model, optimizer = nnx.eval_shape(build)
+  for obj in (model, optimizer):
+    graphdef, state = nnx.split(obj)
+    shardings = nnx.get_named_sharding(state, mesh)
+    placed = _abstract_placed(state, shardings)
+    nnx.update(obj, placed)
+  return model, optimizer
+
+
+def update_batch(config, mesh, completion_len=None):
+  """Abstract update batch (grpo's layout), sharded as `shard_batch` does.
+
+  Args:
+    config: the run's config.
+    mesh: the device mesh.
+    completion_len: C; default generation.max_generation_steps.
+
+  Returns:
+    dict of ShapeDtypeStructs, the keys the update of this config reads.
+  """
+  g = config.grpo
+  rows = config.training.batch_size * g.num_generations
+  prompt = config.generation.max_prompt_length
+  c = completion_len or config.generation.max_generation_steps
+  shapes = {
+      'tokens': ((rows, prompt + c), jnp.int32),
+      'input_mask': ((rows, prompt + c), jnp.bool_),
+      'completion_mask': ((rows, c), jnp.float32),
+      'advantages': ((rows,), jnp.float32),
+  }
+  if g.beta > 0:
+    shapes['ref_logps'] = ((rows, c), jnp.float32)
+  if g.num_iterations > 1:
+    shapes['old_logps'] = ((rows, c), jnp.float32)
+  return {
+      key: jax.ShapeDtypeStruct(
+          shape, dtype,
+          sharding=sharding.batch_sharding(mesh, len(shape)),
+      )
+      for key, (shape, dtype) in shapes.items()
+  }
+
+
+def _outputs(lowered, compiled):
+  """The compiled program's outputs as sharded ShapeDtypeStructs."""
+  return jax.tree.map(
+      lambda info, s: jax.ShapeDtypeStruct(info.shape, info.dtype,
+                                           sharding=s),
+      lowered.out_info, compiled.output_shardings,
+  )
+
+
+def _compile(name, fn, args, kwargs, calls_per_step, resident_bytes):
+  """Lowers and compiles `fn(*args, **kwargs)`; returns (Program, outputs)."""
+  logging.info('Compiling %s ...', name)
+  start = time.perf_counter()
+  lowered = fn.lower(*args, **kwargs)
+  compiled = lowered.compile()
+  seconds = time.perf_counter() - start
+  memory = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+  program = Program(
+      name=name,
+      calls_per_step=calls_per_step,
+      argument_bytes=int(memory.argument_size_in_bytes),
+      output_bytes=int(memory.output_size_in_bytes),
+      alias_bytes=int(memory.alias_size_in_bytes),
+      temp_bytes=int(memory.temp_size_in_bytes),
+      code_bytes=int(memory.generated_code_size_in_bytes),
+      resident_bytes=int(resident_bytes),
+      flops=float(cost.get('flops', 0.0)),
+      bytes_accessed=float(cost.get('bytes accessed', 0.0)),
+      compile_s=seconds,
+  )
+  logging.info('Compiled %s in %.1f s: %.3f GiB per chip', name, seconds,
+               program.total_bytes / tpu_topology.GiB)
+  return program, _outputs(lowered, compiled)
+
+
+def compile_programs(config, mesh, programs=PROGRAMS):
+  """Compiles the trainer's programs for `mesh`; returns [Program].
+
+  Args:
+    config: the run's config (validated).
+    mesh: a mesh of TPU (compile-only) devices.
+    programs: the subset of PROGRAMS to compile (those the config runs).
+  """
+  model, optimizer = abstract_policy(config, mesh)
+  hp = grpo.hparams_from_config(config)
+  g, gen = config.grpo, config.generation
+  opt_bytes = _per_chip_bytes(nnx.state(optimizer, nnx.OptState))
+  results = []
+
+  if {'rollout_prefill', 'rollout_decode'} & set(programs):
+    sampler = rollout_lib.Rollout(
+        model, GemmaSpecialTokens(), gen.kv_cache_size,
+        cpu_decode_graph=gen.cpu_decode_graph,
+    )
+    prompts = config.training.batch_size
+    prompt_len = gen.max_prompt_length
+    total = prompt_len + gen.max_generation_steps
+    greedy = gen.temperature <= 0
+    template = sampler.state_template(
+        prompt_len, total, 0, temperature=float(gen.temperature),
+        top_p=None if greedy else float(gen.top_p),
+        top_k=None if greedy or not gen.top_k else int(gen.top_k),
+    )
+    prompt_sds = jax.ShapeDtypeStruct(
+        (prompts, prompt_len), jnp.int32,
+        sharding=sharding.batch_sharding(mesh, 2, rows=prompts),
+    )
+    key_sds = jax.ShapeDtypeStruct(
+        (2,), jnp.uint32, sharding=sharding.replicated(mesh)
+    )
+    init_lowered = sampler.init_arrays_fn.lower(
+        prompt_sds, key_sds, total_steps=total
+    )
+    arrays = _outputs(init_lowered, init_lowered.compile())
+    state = template.replace(**arrays)
+    prefill, state = _compile(
+        'rollout_prefill', sampler.prefill_fn, (sampler.params, state),
+        {'num_generations': g.num_generations}, 1, opt_bytes,
+    )
+    if 'rollout_prefill' in programs:
+      results.append(prefill)
+    if 'rollout_decode' in programs:
+      decode, _ = _compile(
+          'rollout_decode', sampler.decode_fn, (sampler.params, state), {},
+          gen.max_generation_steps, opt_bytes,
+      )
+      results.append(decode)
+
+  batch = update_batch(config, mesh)
+  logps_fn, model_state = grpo.logps_program(model)
+  logps_batch = {k: batch[k] for k in ('tokens', 'input_mask',
+                                       'completion_mask')}
+  if 'reference_logps' in programs and g.beta > 0:
+    results.append(_compile(
+        'reference_logps', logps_fn, (model_state, logps_batch),
+        {'hp': hp, 'use_lora': False}, 1, opt_bytes,
+    )[0])
+  if 'old_logps' in programs and g.num_iterations > 1:
+    results.append(_compile(
+        'old_logps', logps_fn, (model_state, logps_batch),
+        {'hp': hp, 'use_lora': True}, 1, opt_bytes,
+    )[0])
+  if 'update' in programs:
+    graphdefs, arrays = grpo.train_step_inputs(model, optimizer)
+    results.append(_compile(
+        'update', grpo.TRAIN_STEP(graphdefs), (*arrays, batch), {'hp': hp},
+        g.num_iterations, 0,
+    )[0])
+  return results
+
+
+def fixes(config, program, spec):
+  """Config changes that lower `program`'s per-chip memory, as text."""
+  out = []
+  m, t, gen = config.model, config.training, config.generation
+  if m.dtype == 'float32':
+    out.append("--config.model.dtype=bfloat16 (halves the weights)")
+  if program.name in ('update', 'reference_logps', 'old_logps'):
+    if t.micro_batch_size > 1:
+      out.append(f'--config.training.micro_batch_size='
+                 f'{max(1, t.micro_batch_size // 2)} (fewer rows per pass)')
+    if program.name == 'update' and m.remat != 'layer':
+      out.append("--config.model.remat=layer (keep only each layer's input)")
+  else:
+    need = gen.max_prompt_length + gen.max_generation_steps
+    if gen.kv_cache_size > need:
+      out.append(f'--config.generation.kv_cache_size={need} '
+                 '(prompt + completion)')
+    out.append(f'--config.training.batch_size='
+               f'{max(1, t.batch_size // 2)} (fewer rows to sample)')
+  shape = dict(zip(config.mesh.axis_names, config.mesh.shape))
+  tp = shape.get('tp', 1)
+  out.append(f"a wider 'tp' mesh axis (now {tp}), e.g. "
+             f"--config.mesh.shape='(-1, {tp * 2})' (shards heads and "
+             'features)')
+  out.append(f'a bigger slice than {spec.name} ({spec.num_chips} chips of '
+             f'{spec.chip.hbm_bytes / tpu_topology.GiB:.0f} GiB)')
+  return out
+
+
+def report(config, spec, programs, devices_per_chip=1):
+  """The JSON-able report of a preflight.
+
+  Args:
+    config: the run's config.
+    spec: the tpu_topology.Slice compiled for.
+    programs: the compiled `Program`s.
+    devices_per_chip: JAX devices per chip (2 for libtpu's v4 topologies,
+      one per TensorCore): each gets its share of the chip's HBM, compute
+      and bandwidth.
+
+  Returns:
+    A dict of plain values (see the module docstring).
+  """
+  chip = spec.chip
+  usable = int(chip.hbm_bytes * HBM_MARGIN / devices_per_chip)
+  rows = []
+  step_s = 0.0
+  for p in programs:
+    bound = p.time_bound_s(chip, devices_per_chip)
+    step_s += bound * p.calls_per_step
+    row = dataclasses.asdict(p)
+    row.update(
+        total_bytes=p.total_bytes,
+        fits=p.total_bytes <= usable,
+        bytes_over=max(0, p.total_bytes - usable),
+        time_bound_s=bound,
+        fixes=[] if p.total_bytes <= usable else fixes(config, p, spec),
+    )
+    rows.append(row)
+  return {
+      'config': {
+          'preset': config.model.preset,
+          'dtype': config.model.dtype,
+          'lora_rank': config.model.lora_rank,
+          'remat': config.model.remat,
+          'mesh_shape': list(config.mesh.shape),
+          'mesh_axis_names': list(config.mesh.axis_names),
+          'batch_size': config.training.batch_size,
+          'micro_batch_size': config.training.micro_batch_size,
+          'num_generations': config.grpo.num_generations,
+          'max_prompt_length': config.generation.max_prompt_length,
+          'max_generation_steps': config.generation.max_generation_steps,
+          'kv_cache_size': config.generation.kv_cache_size,
+      },
+      'topology': {
+          'name': spec.name,
+          'topology': spec.topology,
+          'chips': spec.num_chips,
+          'hosts': spec.num_hosts,
+          'chip': dataclasses.asdict(chip),
+          'devices_per_chip': devices_per_chip,
+          'usable_hbm_bytes': usable,
+      },
+      'programs': rows,
+      'largest_program': max(rows, key=lambda r: r['total_bytes'])['name'],
+      'largest_total_bytes': max(r['total_bytes'] for r in rows),
+      'fits': all(r['fits'] for r in rows),
+      'step_time_bound_s': step_s,
+      'notes': (
+          'Memory figures are the TPU compiler\'s (per chip). Time figures '
+          'are lower bounds: max(flops / peak bf16 FLOP/s, bytes accessed / '
+          'HBM bandwidth) per call with the published chip figures; XLA '
+          'counts each loop body once (decode: one step; update and '
+          'log-prob passes: one micro-batch), so these bounds are loose. '
+          'The step bound sums prefill + max_generation_steps decode steps '
+          '+ log-prob passes + num_iterations updates.'
+      ),
+  }
+
+
+def _gib(n):
+  return f'{n / tpu_topology.GiB:.2f}'
+
+
+def format_report(result):
+  """Human-readable table of a report."""
+  topo = result['topology']
+  chip = topo['chip']
+  lines = [
+      f"Preflight: {result['config']['preset']} "
+      f"({result['config']['dtype']}, LoRA r{result['config']['lora_rank']},"
+      f" remat {result['config']['remat']}) on {topo['name']} "
+      f"({topo['topology']}: {topo['chips']} chips, {topo['hosts']} "
+      f"host(s), {chip['hbm_bytes'] / tpu_topology.GiB:.0f} GiB HBM each, "
+      f"{_gib(topo['usable_hbm_bytes'])} GiB usable)",
+      'Per chip, GiB (compiler): args + out - alias + temp + code '
+      '+ resident = total; time = roofline lower bound per call',
+      f"{'program':16s} {'args':>7s} {'out':>7s} {'temp':>7s} {'code':>6s} "
+      f"{'resid':>7s} {'total':>7s}  fits  {'GFLOP':>9s} {'GB acc':>8s} "
+      f"{'bound ms':>9s} x calls",
+  ]
+  for r in result['programs']:
+    lines.append(
+        f"{r['name']:16s} {_gib(r['argument_bytes']):>7s} "
+        f"{_gib(r['output_bytes'] - r['alias_bytes']):>7s} "
+        f"{_gib(r['temp_bytes']):>7s} {_gib(r['code_bytes']):>6s} "
+        f"{_gib(r['resident_bytes']):>7s} {_gib(r['total_bytes']):>7s}  "
+        f"{'yes ' if r['fits'] else 'NO  '}  {r['flops'] / 1e9:9.1f} "
+        f"{r['bytes_accessed'] / 1e9:8.2f} {r['time_bound_s'] * 1e3:9.2f} "
+        f"x {r['calls_per_step']}"
+    )
+  lines.append(
+      f"Step time lower bound: {result['step_time_bound_s']:.3f} s "
+      '(a bound from flops and bytes, not a measurement)'
+  )
+  for r in result['programs']:
+    if not r['fits']:
+      lines.append(
+          f"DOES NOT FIT: {r['name']} needs {_gib(r['total_bytes'])} GiB per "
+          f"chip, {_gib(r['bytes_over'])} GiB over the "
+          f"{_gib(topo['usable_hbm_bytes'])} GiB usable. Fixes: "
+          + '; '.join(r['fixes']) + '.'
+      )
+  lines.append('FITS' if result['fits'] else 'DOES NOT FIT')
+  return '\n'.join(lines)
+
+
+def prepare(config, topology):
+  """Parses the slice and validates `config` for it; nothing is compiled.
+
+  Returns:
+    (tpu_topology.Slice, its devices).
+
+  Raises:
+    ValueError (ConfigError for the config): a bad topology or config.
+  """
+  spec = tpu_topology.parse(topology)
+  devices = tpu_topology.devices(spec)
+  config_lib.validate(config, num_devices=len(devices),
+                      process_count=spec.num_hosts)
+  return spec, devices
+
+
+def run(config, topology, programs=PROGRAMS):
+  """Validates `config`, compiles its programs for `topology`; the report.
+
+  Args:
+    config: the run's config.
+    topology: an accelerator type or topology name (see tpu_topology).
+    programs: which of PROGRAMS to compile.
+
+  Returns:
+    The report dict (see `report`).
+  """
+  spec, devices = prepare(config, topology)
+  mesh = sharding.make_mesh(config.mesh, devices=devices)
+  if mesh.devices.size != len(devices) and spec.num_hosts > 1:
+    raise config_lib.ConfigError(
+        f'config.mesh.shape={tuple(config.mesh.shape)} uses '
+        f'{mesh.devices.size} of the {len(devices)} devices of {spec.name} '
+        f'({spec.num_hosts} hosts); a multi-host mesh must use all of them '
+        '(put -1 on one axis).'
+    )
+  return report(config, spec, compile_programs(config, mesh, programs),
+                devices_per_chip=max(1, len(devices) // spec.num_chips))
+
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Config file (a get_config() module).', lock_config=True
+)
+_TOPOLOGY = flags.DEFINE_string(
+    'topology', None,
+    'TPU slice: a topology (v5e:2x2, v5e:4x4, v5p:2x2x2) or an accelerator '
+    'type as gcloud spells it (v5litepod-8, v5litepod-16, v6e-8, v5p-8, '
+    'v4-8; v5e-N means v5litepod-N).'
+)
+_OUTPUT = flags.DEFINE_string(
+    'output', None, 'Also write the full report as JSON to this file.'
+)
+_PROGRAMS = flags.DEFINE_list(
+    'programs', list(PROGRAMS),
+    'Programs to compile (those the config does not run are skipped).'
+)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  unknown = sorted(set(_PROGRAMS.value) - set(PROGRAMS))
+  if unknown:
+    raise app.UsageError(
+        f'--programs: unknown {unknown}; choose from {list(PROGRAMS)}.'
+    )
+  config = _CONFIG.value
+  try:
+    prepare(config, _TOPOLOGY.value)
+  except ValueError as e:  # ConfigError included.
+    sys.stderr.write(f'preflight: {e}\n')
+    sys.exit(2)
+  result = run(config, _TOPOLOGY.value, tuple(_PROGRAMS.value))
+  sys.stdout.write(format_report(result) + '\n')
+  if _OUTPUT.value:
+    with open(_OUTPUT.value, 'w') as f:
+      json.dump(result, f, indent=2)
+  sys.exit(0 if result['fits'] else 1)
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config', 'topology'])
+  app.run(main)

@@ -1,0 +1,207 @@
+"""Tests for agent_tunix.preflight and tpu_topology.
+
+libtpu (from jax[tpu]) compiles for TPU slices on this CPU machine, so the
+tiny model's training programs are compiled here for real TPU topologies:
+one host (v5e:2x2) and four hosts (v5e:4x4). The abstract model the
+preflight compiles is checked against the trainer's own placement on fake
+CPU devices, and its update batch against a real rollout's.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from agent_tunix import preflight
+from agent_tunix import sharding
+from agent_tunix import tpu_topology
+from configs import tiny
+
+_REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _tiny(**fields):
+  config = tiny.get_config()
+  with config.unlocked():
+    for dotted, value in fields.items():
+      section, name = dotted.split('.')
+      config[section][name] = value
+  return config
+
+
+@pytest.mark.parametrize('name, topology, chips, hosts, generation', [
+    ('v5litepod-1', 'v5e:1x1', 1, 1, 'v5e'),
+    ('v5litepod-8', 'v5e:2x4', 8, 1, 'v5e'),
+    ('v5e-8', 'v5e:2x4', 8, 1, 'v5e'),
+    ('v5litepod-16', 'v5e:4x4', 16, 4, 'v5e'),
+    ('v6e-8', 'v6e:2x4', 8, 1, 'v6e'),
+    ('v6e-16', 'v6e:4x4', 16, 4, 'v6e'),
+    ('v5p-8', 'v5p:2x2x1', 4, 1, 'v5p'),
+    ('v5p-16', 'v5p:2x2x2', 8, 2, 'v5p'),
+    ('v4-8', 'v4:2x2x1', 4, 1, 'v4'),
+    ('v5e:2x2', 'v5e:2x2', 4, 1, 'v5e'),
+    ('v5e:4x4', 'v5e:4x4', 16, 4, 'v5e'),
+])
+def test_accelerator_types_map_to_slices(name, topology, chips, hosts,
+                                         generation):
+  spec = tpu_topology.parse(name)
+  assert (spec.topology, spec.num_chips, spec.num_hosts) == (
+      topology, chips, hosts)
+  assert spec.chip.generation == generation
+
+
+@pytest.mark.parametrize('name, devices, processes', [
+    ('v5litepod-8', 8, 1),  # One host of 8 chips, as a real v5litepod-8.
+    ('v5litepod-16', 16, 4),
+    ('v5p-8', 4, 1),
+    ('v4-8', 8, 1),  # libtpu's v4: one device per TensorCore.
+])
+def test_slice_devices(name, devices, processes):
+  found = tpu_topology.devices(tpu_topology.parse(name))
+  assert len(found) == devices
+  assert len({d.process_index for d in found}) == processes
+  assert {d.platform for d in found} == {'tpu'}
+
+
+@pytest.mark.parametrize('name', ['v5litepod-3', 'v7x-8', 'tpu', 'v5e:2'])
+def test_unknown_slice_is_refused_with_the_choices(name):
+  with pytest.raises(ValueError, match='v5litepod-16'):
+    tpu_topology.parse(name)
+
+
+def _by_name(result):
+  return {p['name']: p for p in result['programs']}
+
+
+def test_tiny_programs_compile_for_one_host():
+  config = _tiny(**{'training.batch_size': 4,
+                    'training.micro_batch_size': 2})
+  result = preflight.run(config, 'v5e:2x2')
+  programs = _by_name(result)
+  assert set(programs) == {'rollout_prefill', 'rollout_decode',
+                           'reference_logps', 'update'}
+  for p in programs.values():
+    assert p['argument_bytes'] > 0 and p['temp_bytes'] > 0, p
+    assert p['flops'] > 0 and p['bytes_accessed'] > 0, p
+    assert p['fits'] and p['time_bound_s'] > 0
+  assert programs['rollout_decode']['calls_per_step'] == 8
+  # The optimizer state lives through the rollout without being its input.
+  assert programs['rollout_prefill']['resident_bytes'] > 0
+  assert programs['update']['resident_bytes'] == 0
+  assert result['fits'] and result['topology']['chips'] == 4
+  expected_step = sum(p['time_bound_s'] * p['calls_per_step']
+                      for p in programs.values())
+  assert result['step_time_bound_s'] == pytest.approx(expected_step)
+  json.dumps(result)  # The --output file.
+  text = preflight.format_report(result)
+  assert 'update' in text and 'FITS' in text
+
+
+def test_tiny_programs_compile_for_four_hosts():
+  # v5litepod-16: 16 chips on 4 hosts, compiled as one global program.
+  config = _tiny(**{'training.batch_size': 8,
+                    'training.micro_batch_size': 4,
+                    'grpo.beta': 0.0,
+                    'mesh.shape': (-1, 2)})
+  result = preflight.run(config, 'v5litepod-16')
+  assert result['topology']['hosts'] == 4
+  assert set(_by_name(result)) == {'rollout_prefill', 'rollout_decode',
+                                   'update'}
+  assert result['fits']
+
+
+def test_per_chip_weights_fall_as_fsdp_grows():
+  args = {}
+  for fsdp in (1, 4):
+    config = _tiny(**{'mesh.shape': (fsdp, 1),
+                      'training.batch_size': 4,
+                      'training.micro_batch_size': 2})
+    result = preflight.run(config, 'v5e:2x2', programs=('reference_logps',))
+    args[fsdp] = _by_name(result)['reference_logps']['argument_bytes']
+  # The 262144 x 32 embedding dominates and is split over fsdp.
+  assert args[4] < 0.35 * args[1], args
+
+
+def test_a_config_that_cannot_fit_is_named_with_fixes():
+  # 64 rows x 512-position log-prob chunks of a 262144-word vocabulary:
+  # 128 GiB of float32 logits per micro-batch.
+  cmd = [
+      sys.executable, '-m', 'agent_tunix.preflight',
+      '--config=configs/tiny.py', '--topology=v5e:2x2',
+      '--programs=reference_logps',
+      '--config.training.batch_size=64', '--config.training.micro_batch_size=64',
+      '--config.grpo.logps_chunk_size=512',
+      '--config.generation.max_generation_steps=512',
+      '--config.eval.max_generation_steps=512',
+      '--config.generation.kv_cache_size=640',
+  ]
+  out = subprocess.run(cmd, cwd=_REPO, capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ))
+  assert out.returncode == 1, out.stderr[-2000:]
+  assert 'DOES NOT FIT: reference_logps' in out.stdout
+  assert 'micro_batch_size=32' in out.stdout
+
+
+def test_a_bad_topology_exits_2_with_one_line():
+  cmd = [sys.executable, '-m', 'agent_tunix.preflight',
+         '--config=configs/tiny.py', '--topology=v5litepod-3']
+  out = subprocess.run(cmd, cwd=_REPO, capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ))
+  assert out.returncode == 2
+  assert "preflight: --topology='v5litepod-3'" in out.stderr
+
+
+def test_update_batch_matches_a_real_rollout():
+  from agent_tunix import train  # pylint: disable=g-import-not-at-top
+  config = _tiny()
+  session = train.setup(config, '/unused', with_data=True)
+  update, *_ = train.rollout_batch(session, next(session.train_iter), 1)
+  update['ref_logps'] = np.zeros_like(update['completion_mask'])
+  expected = preflight.update_batch(config, session.mesh)
+  assert set(update) == set(expected)
+  for key, sds in expected.items():
+    assert update[key].shape == sds.shape, key
+    assert np.dtype(update[key].dtype) == np.dtype(sds.dtype), key
+
+
+_PLACEMENT_CHILD = r'''
+import json, sys
+import jax
+from flax import nnx
+from agent_tunix import preflight, sharding, train
+from configs import tiny
+
+config = tiny.get_config()
+config.mesh.shape = (2, 2)
+session = train.setup(config, '/unused', with_data=False)
+model, optimizer = preflight.abstract_policy(config, session.mesh)
+
+def specs(obj):
+  return {'/'.join(map(str, path)): [str(v.get_value().sharding.spec),
+                                     list(v.get_value().shape)]
+          for path, v in nnx.to_flat_state(nnx.state(obj))}
+
+json.dump({'trainer': [specs(session.model), specs(session.optimizer)],
+           'preflight': [specs(model), specs(optimizer)]}, sys.stdout)
+'''
+
+
+def test_abstract_policy_is_placed_like_the_trainer():
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
+                      ' --xla_force_host_platform_device_count=4')
+  out = subprocess.run([sys.executable, '-c', _PLACEMENT_CHILD], cwd=_REPO,
+                       capture_output=True, text=True, timeout=600, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  found = json.loads(out.stdout.strip().splitlines()[-1])
+  trainer_model, trainer_opt = found['trainer']
+  model, opt = found['preflight']
+  assert trainer_model == model
+  assert trainer_opt == opt
+  # The check can fail: some weights are really sharded on this mesh.
+  assert any("'fsdp'" in spec for spec, _ in model.values())
