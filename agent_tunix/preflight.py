@@ -23,24 +23,30 @@ batch, micro-batching, remat, LoRA and KV cache:
 For each program, per chip, from the TPU compiler (`memory_analysis()`):
 argument, output, temporary and code bytes; their total, plus the state
 that lives through the program without being its argument (the optimizer
-state during the rollout and the log-prob passes), against the chip's HBM.
+state during the rollout and the log-prob passes), against the HBM the
+compiler lets one program use on the device (asked of the compiler; a
+program the compiler refuses for want of HBM is reported with the bytes it
+said it needs).
 From `cost_analysis()`: flops and bytes accessed per chip. Time figures are
 bounds, not measurements: a roofline lower bound per call, max(flops / peak
 bf16 FLOP/s, bytes / HBM bandwidth) with the chip's published figures
 (`tpu_topology.CHIPS`), and a step estimate summing prefill, one decode
 step per generated token, the log-prob passes and num_iterations updates.
-XLA counts each loop body once (the micro-batch scan of the update and the
-log-prob passes, the log-prob chunks), so their flops and bytes, and the
-bounds made from them, are lower than the program's: still lower bounds.
+XLA counts a loop body once: the update's and the log-prob passes' figures
+are one micro-batch's times the number of micro-batches; the log-prob
+chunks inside are still counted once, so the bounds stay below the work.
 
-Exit status 0 when every program fits, 1 when one does not (the report
-names it, the bytes over and the fixes that apply), 2 on a bad flag or
-config.
+Programs are compiled in the order above and the preflight stops at the
+first that does not fit (its arguments alone overflow, or the compiler
+refuses it for want of HBM); `--keep_going` compiles the rest too. Exit
+status 0 when every program fits, 1 when one does not (the report names
+it, the bytes over and the fixes that apply), 2 on a bad flag or config.
 """
 
 import dataclasses
 import json
 import math
+import re
 import sys
 import time
 
@@ -61,11 +67,15 @@ from agent_tunix import tpu_topology
 from agent_tunix.models import gemma
 from agent_tunix.models import lora
 
-# Share of a chip's nominal HBM a program may use: the runtime keeps some
-# for itself (a v5e reports about 15.75 of its 16 GiB to JAX).
-HBM_MARGIN = 0.95
 PROGRAMS = ('rollout_prefill', 'rollout_decode', 'reference_logps',
             'old_logps', 'update')
+
+
+# The TPU compiler's refusal of a program larger than the HBM.
+_OUT_OF_HBM = re.compile(
+    r'RESOURCE_EXHAUSTED: Ran out of memory on HBM.*? \(([\d.]+)([KMGT]?)\) '
+    r'exceeds available HBM'
+)
 
 
 class GemmaSpecialTokens:
@@ -116,11 +126,20 @@ class Program:
   flops: float
   bytes_accessed: float
   compile_s: float
+  # When the compiler refused the program for want of HBM: its message and
+  # the bytes it said the program needs.
+  error: str = ''
+  required_bytes: int = 0
+  # XLA's cost analysis counts a loop body once; flops and bytes_accessed
+  # are its figures times this (the micro-batches of the log-prob passes
+  # and the update).
+  loop_trips: int = 1
 
   @property
   def total_bytes(self):
-    return (self.argument_bytes + self.output_bytes - self.alias_bytes +
-            self.temp_bytes + self.code_bytes + self.resident_bytes)
+    own = (self.argument_bytes + self.output_bytes - self.alias_bytes +
+           self.temp_bytes + self.code_bytes)
+    return max(own, self.required_bytes) + self.resident_bytes
 
   def time_bound_s(self, chip, devices_per_chip=1):
     """Roofline lower bound of one call on one device, in seconds."""
@@ -132,6 +151,8 @@ def _per_chip_bytes(tree):
   """Bytes one chip holds of the (abstract, sharded) arrays of `tree`."""
   total = 0
   for leaf in jax.tree.leaves(tree):
+    if not hasattr(leaf, 'shape'):  # Python scalars of the sampler state.
+      continue
     shape = leaf.shape
     if getattr(leaf, 'sharding', None) is not None:
       shape = leaf.sharding.shard_shape(shape)
@@ -225,47 +246,125 @@ def _outputs(lowered, compiled):
   )
 
 
-def _compile(name, fn, args, kwargs, calls_per_step, resident_bytes):
-  """Lowers and compiles `fn(*args, **kwargs)`; returns (Program, outputs)."""
-  logging.info('Compiling %s ...', name)
-  start = time.perf_counter()
-  lowered = fn.lower(*args, **kwargs)
-  compiled = lowered.compile()
-  seconds = time.perf_counter() - start
-  memory = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
-  cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
-  program = Program(
-      name=name,
-      calls_per_step=calls_per_step,
-      argument_bytes=int(memory.argument_size_in_bytes),
-      output_bytes=int(memory.output_size_in_bytes),
-      alias_bytes=int(memory.alias_size_in_bytes),
-      temp_bytes=int(memory.temp_size_in_bytes),
-      code_bytes=int(memory.generated_code_size_in_bytes),
-      resident_bytes=int(resident_bytes),
-      flops=float(cost.get('flops', 0.0)),
-      bytes_accessed=float(cost.get('bytes accessed', 0.0)),
-      compile_s=seconds,
+class _Compiler:
+  """Compiles programs in turn, stopping at the first that does not fit.
+
+  Attributes:
+    usable: HBM bytes a program may use on one device.
+    keep_going: compile every program even after one did not fit.
+    programs: the `Program`s so far.
+    skipped: names of programs not compiled (after a misfit).
+  """
+
+  def __init__(self, usable, keep_going=False):
+    self.usable = usable
+    self.keep_going = keep_going
+    self.programs = []
+    self.skipped = []
+
+  @property
+  def stopped(self):
+    return not self.keep_going and any(
+        p.error or p.total_bytes > self.usable for p in self.programs)
+
+  def __call__(self, name, fn, args, kwargs, calls_per_step, resident_bytes,
+               loop_trips=1):
+    """Compiles `fn(*args, **kwargs)`; returns its sharded outputs or None.
+
+    Args:
+      name: the program's name (PROGRAMS).
+      fn: a jitted function.
+      args: its positional arguments (sharded ShapeDtypeStructs).
+      kwargs: its static keyword arguments.
+      calls_per_step: calls per training step.
+      resident_bytes: per-device bytes of live state outside its arguments.
+      loop_trips: trips of the loop that holds nearly all of the program's
+        work (the micro-batches); XLA's cost counts its body once.
+
+    Returns:
+      The outputs as ShapeDtypeStructs, or None when not compiled.
+    """
+    if self.stopped:
+      self.skipped.append(name)
+      return None
+    start = time.perf_counter()
+    arg_bytes = _per_chip_bytes(args)
+    if arg_bytes + resident_bytes > self.usable:
+      # The inputs alone overflow: no need to ask the compiler.
+      self.programs.append(_refused(
+          name, calls_per_step, arg_bytes, resident_bytes, start,
+          f'its arguments alone take {_gib(arg_bytes)} GiB per device',
+          arg_bytes))
+      return None
+    logging.info('Compiling %s ...', name)
+    lowered = fn.lower(*args, **kwargs)
+    try:
+      compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+      match = _OUT_OF_HBM.search(str(e))
+      if not match:
+        raise
+      self.programs.append(_refused(
+          name, calls_per_step, arg_bytes, resident_bytes, start,
+          str(e).strip().splitlines()[0],
+          tpu_topology.parse_bytes(*match.groups())))
+      return None
+    seconds = time.perf_counter() - start
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+    program = Program(
+        name=name,
+        calls_per_step=calls_per_step,
+        argument_bytes=int(memory.argument_size_in_bytes),
+        output_bytes=int(memory.output_size_in_bytes),
+        alias_bytes=int(memory.alias_size_in_bytes),
+        temp_bytes=int(memory.temp_size_in_bytes),
+        code_bytes=int(memory.generated_code_size_in_bytes),
+        resident_bytes=int(resident_bytes),
+        flops=float(cost.get('flops', 0.0)) * loop_trips,
+        bytes_accessed=float(cost.get('bytes accessed', 0.0)) * loop_trips,
+        compile_s=seconds,
+        loop_trips=loop_trips,
+    )
+    logging.info('Compiled %s in %.1f s: %s GiB per device', name, seconds,
+                 _gib(program.total_bytes))
+    self.programs.append(program)
+    return _outputs(lowered, compiled)
+
+
+def _refused(name, calls_per_step, arg_bytes, resident_bytes, start, error,
+             required):
+  logging.info('%s does not fit: %s', name, error)
+  return Program(
+      name=name, calls_per_step=calls_per_step, argument_bytes=arg_bytes,
+      output_bytes=0, alias_bytes=0, temp_bytes=0, code_bytes=0,
+      resident_bytes=int(resident_bytes), flops=0.0, bytes_accessed=0.0,
+      compile_s=time.perf_counter() - start, error=error,
+      required_bytes=required,
   )
-  logging.info('Compiled %s in %.1f s: %.3f GiB per chip', name, seconds,
-               program.total_bytes / tpu_topology.GiB)
-  return program, _outputs(lowered, compiled)
 
 
-def compile_programs(config, mesh, programs=PROGRAMS):
-  """Compiles the trainer's programs for `mesh`; returns [Program].
+def compile_programs(config, mesh, usable, programs=PROGRAMS,
+                     keep_going=False):
+  """Compiles the trainer's programs for `mesh`.
 
   Args:
     config: the run's config (validated).
     mesh: a mesh of TPU (compile-only) devices.
+    usable: HBM bytes a program may use on one device.
     programs: the subset of PROGRAMS to compile (those the config runs).
+    keep_going: go on after a program that does not fit.
+
+  Returns:
+    ([Program], [names of programs skipped after a misfit]).
   """
   model, optimizer = abstract_policy(config, mesh)
   hp = grpo.hparams_from_config(config)
   g, gen = config.grpo, config.generation
   opt_bytes = _per_chip_bytes(nnx.state(optimizer, nnx.OptState))
-  results = []
+  compiler = _Compiler(usable, keep_going)
+  micro_batches = config.training.batch_size // config.training.micro_batch_size
 
   if {'rollout_prefill', 'rollout_decode'} & set(programs):
     sampler = rollout_lib.Rollout(
@@ -293,40 +392,35 @@ def compile_programs(config, mesh, programs=PROGRAMS):
     )
     arrays = _outputs(init_lowered, init_lowered.compile())
     state = template.replace(**arrays)
-    prefill, state = _compile(
+    state = compiler(
         'rollout_prefill', sampler.prefill_fn, (sampler.params, state),
         {'num_generations': g.num_generations}, 1, opt_bytes,
     )
-    if 'rollout_prefill' in programs:
-      results.append(prefill)
     if 'rollout_decode' in programs:
-      decode, _ = _compile(
-          'rollout_decode', sampler.decode_fn, (sampler.params, state), {},
-          gen.max_generation_steps, opt_bytes,
-      )
-      results.append(decode)
+      if state is None:
+        compiler.skipped.append('rollout_decode')
+      else:
+        compiler(
+            'rollout_decode', sampler.decode_fn, (sampler.params, state), {},
+            gen.max_generation_steps, opt_bytes,
+        )
 
   batch = update_batch(config, mesh)
   logps_fn, model_state = grpo.logps_program(model)
   logps_batch = {k: batch[k] for k in ('tokens', 'input_mask',
                                        'completion_mask')}
   if 'reference_logps' in programs and g.beta > 0:
-    results.append(_compile(
-        'reference_logps', logps_fn, (model_state, logps_batch),
-        {'hp': hp, 'use_lora': False}, 1, opt_bytes,
-    )[0])
+    compiler('reference_logps', logps_fn, (model_state, logps_batch),
+             {'hp': hp, 'use_lora': False}, 1, opt_bytes, micro_batches)
   if 'old_logps' in programs and g.num_iterations > 1:
-    results.append(_compile(
-        'old_logps', logps_fn, (model_state, logps_batch),
-        {'hp': hp, 'use_lora': True}, 1, opt_bytes,
-    )[0])
+    compiler('old_logps', logps_fn, (model_state, logps_batch),
+             {'hp': hp, 'use_lora': True}, 1, opt_bytes, micro_batches)
   if 'update' in programs:
     graphdefs, arrays = grpo.train_step_inputs(model, optimizer)
-    results.append(_compile(
-        'update', grpo.TRAIN_STEP(graphdefs), (*arrays, batch), {'hp': hp},
-        g.num_iterations, 0,
-    )[0])
-  return results
+    compiler('update', grpo.TRAIN_STEP(graphdefs), (*arrays, batch),
+             {'hp': hp}, g.num_iterations, 0, micro_batches)
+  results = [p for p in compiler.programs if p.name in programs]
+  return results, compiler.skipped
 
 
 def fixes(config, program, spec):
@@ -358,34 +452,38 @@ def fixes(config, program, spec):
   return out
 
 
-def report(config, spec, programs, devices_per_chip=1):
+def report(config, spec, programs, usable, devices_per_chip=1,
+           skipped=()):
   """The JSON-able report of a preflight.
 
   Args:
     config: the run's config.
     spec: the tpu_topology.Slice compiled for.
     programs: the compiled `Program`s.
+    usable: HBM bytes the compiler lets a program use on one device
+      (`tpu_topology.available_hbm_bytes`).
     devices_per_chip: JAX devices per chip (2 for libtpu's v4 topologies,
-      one per TensorCore): each gets its share of the chip's HBM, compute
-      and bandwidth.
+      one per TensorCore): each gets its share of the chip's compute and
+      bandwidth.
+    skipped: programs not compiled because an earlier one did not fit.
 
   Returns:
     A dict of plain values (see the module docstring).
   """
   chip = spec.chip
-  usable = int(chip.hbm_bytes * HBM_MARGIN / devices_per_chip)
   rows = []
   step_s = 0.0
   for p in programs:
     bound = p.time_bound_s(chip, devices_per_chip)
     step_s += bound * p.calls_per_step
+    fits = p.total_bytes <= usable and not p.error
     row = dataclasses.asdict(p)
     row.update(
         total_bytes=p.total_bytes,
-        fits=p.total_bytes <= usable,
+        fits=fits,
         bytes_over=max(0, p.total_bytes - usable),
         time_bound_s=bound,
-        fixes=[] if p.total_bytes <= usable else fixes(config, p, spec),
+        fixes=[] if fits else fixes(config, p, spec),
     )
     rows.append(row)
   return {
@@ -413,18 +511,22 @@ def report(config, spec, programs, devices_per_chip=1):
           'usable_hbm_bytes': usable,
       },
       'programs': rows,
+      'skipped': list(skipped),
       'largest_program': max(rows, key=lambda r: r['total_bytes'])['name'],
       'largest_total_bytes': max(r['total_bytes'] for r in rows),
-      'fits': all(r['fits'] for r in rows),
+      'fits': all(r['fits'] for r in rows) and not skipped,
       'step_time_bound_s': step_s,
       'notes': (
           'Memory figures are the TPU compiler\'s (per chip). Time figures '
           'are lower bounds: max(flops / peak bf16 FLOP/s, bytes accessed / '
-          'HBM bandwidth) per call with the published chip figures; XLA '
-          'counts each loop body once (decode: one step; update and '
-          'log-prob passes: one micro-batch), so these bounds are loose. '
-          'The step bound sums prefill + max_generation_steps decode steps '
-          '+ log-prob passes + num_iterations updates.'
+          'HBM bandwidth) per call with the published chip figures. XLA '
+          'counts a loop body once: the decode loop\'s figures are one '
+          'step\'s; the update\'s and log-prob passes\' are one '
+          'micro-batch\'s times the number of micro-batches (loop_trips), '
+          'and the log-prob chunks inside are still counted once, so the '
+          'bounds stay below the work done. The step bound sums prefill + '
+          'max_generation_steps decode steps + log-prob passes + '
+          'num_iterations updates.'
       ),
   }
 
@@ -442,8 +544,8 @@ def format_report(result):
       f"({result['config']['dtype']}, LoRA r{result['config']['lora_rank']},"
       f" remat {result['config']['remat']}) on {topo['name']} "
       f"({topo['topology']}: {topo['chips']} chips, {topo['hosts']} "
-      f"host(s), {chip['hbm_bytes'] / tpu_topology.GiB:.0f} GiB HBM each, "
-      f"{_gib(topo['usable_hbm_bytes'])} GiB usable)",
+      f"host(s), {chip['hbm_bytes'] / tpu_topology.GiB:.0f} GiB HBM per "
+      f"chip, {_gib(topo['usable_hbm_bytes'])} GiB usable per device)",
       'Per chip, GiB (compiler): args + out - alias + temp + code '
       '+ resident = total; time = roofline lower bound per call',
       f"{'program':16s} {'args':>7s} {'out':>7s} {'temp':>7s} {'code':>6s} "
@@ -469,9 +571,13 @@ def format_report(result):
       lines.append(
           f"DOES NOT FIT: {r['name']} needs {_gib(r['total_bytes'])} GiB per "
           f"chip, {_gib(r['bytes_over'])} GiB over the "
-          f"{_gib(topo['usable_hbm_bytes'])} GiB usable. Fixes: "
-          + '; '.join(r['fixes']) + '.'
+          f"{_gib(topo['usable_hbm_bytes'])} GiB usable"
+          + (f" (the compiler: {r['error']})" if r['error'] else '')
+          + '. Fixes: ' + '; '.join(r['fixes']) + '.'
       )
+  if result['skipped']:
+    lines.append(f"Not compiled after that: {', '.join(result['skipped'])} "
+                 '(--keep_going compiles them too).')
   lines.append('FITS' if result['fits'] else 'DOES NOT FIT')
   return '\n'.join(lines)
 
@@ -492,13 +598,14 @@ def prepare(config, topology):
   return spec, devices
 
 
-def run(config, topology, programs=PROGRAMS):
+def run(config, topology, programs=PROGRAMS, keep_going=False):
   """Validates `config`, compiles its programs for `topology`; the report.
 
   Args:
     config: the run's config.
     topology: an accelerator type or topology name (see tpu_topology).
     programs: which of PROGRAMS to compile.
+    keep_going: compile every program even after one did not fit.
 
   Returns:
     The report dict (see `report`).
@@ -512,8 +619,12 @@ def run(config, topology, programs=PROGRAMS):
         f'({spec.num_hosts} hosts); a multi-host mesh must use all of them '
         '(put -1 on one axis).'
     )
-  return report(config, spec, compile_programs(config, mesh, programs),
-                devices_per_chip=max(1, len(devices) // spec.num_chips))
+  usable = tpu_topology.available_hbm_bytes(devices[0])
+  compiled, skipped = compile_programs(config, mesh, usable, programs,
+                                       keep_going)
+  return report(config, spec, compiled, usable=usable,
+                devices_per_chip=max(1, len(devices) // spec.num_chips),
+                skipped=skipped)
 
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -527,6 +638,11 @@ _TOPOLOGY = flags.DEFINE_string(
 )
 _OUTPUT = flags.DEFINE_string(
     'output', None, 'Also write the full report as JSON to this file.'
+)
+_KEEP_GOING = flags.DEFINE_bool(
+    'keep_going', False,
+    'Compile every program even after one does not fit (by default the '
+    'preflight stops at the first).'
 )
 _PROGRAMS = flags.DEFINE_list(
     'programs', list(PROGRAMS),
@@ -548,7 +664,8 @@ def main(argv):
   except ValueError as e:  # ConfigError included.
     sys.stderr.write(f'preflight: {e}\n')
     sys.exit(2)
-  result = run(config, _TOPOLOGY.value, tuple(_PROGRAMS.value))
+  result = run(config, _TOPOLOGY.value, tuple(_PROGRAMS.value),
+               keep_going=_KEEP_GOING.value)
   sys.stdout.write(format_report(result) + '\n')
   if _OUTPUT.value:
     with open(_OUTPUT.value, 'w') as f:

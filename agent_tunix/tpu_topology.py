@@ -32,9 +32,10 @@ import re
 #   v6e https://cloud.google.com/tpu/docs/v6e : 918 TFLOP/s, 32 GB, 1638 GB/s
 #   v5p https://cloud.google.com/tpu/docs/v5p : 459 TFLOP/s, 95 GB, 2765 GB/s
 #   v4  https://cloud.google.com/tpu/docs/v4  : 275 TFLOP/s, 32 GiB, 1200 GB/s
-# HBM capacities are taken as binary units (16 GiB etc.): what the runtime
-# reports as the device's memory is slightly less than the nominal size, so
-# the preflight also keeps a margin (see preflight.HBM_MARGIN).
+# HBM capacities are taken as binary units (16 GiB etc.). What one program
+# may use is a little less, and is asked of the compiler
+# (`available_hbm_bytes`: 15.75 GiB on a v5e, 31.25 on a v6e, 95.74 on a
+# v5p, 15.25 per TensorCore device of a v4, with this libtpu).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,3 +187,44 @@ def devices(spec):
         f'{spec.chips_per_host} chips per host: {e}'
     ) from e
   return list(desc.devices)
+
+
+_AVAILABLE = re.compile(r'available HBM \(([\d.]+)([KMGT]?)\)')
+_UNITS = {'': 1, 'K': 1024, 'M': 1024**2, 'G': 1024**3, 'T': 1024**4}
+
+
+def parse_bytes(number, unit):
+  """Bytes of an XLA size such as ('15.75', 'G') (binary units)."""
+  return int(float(number) * _UNITS[unit])
+
+
+def available_hbm_bytes(device):
+  """HBM the TPU compiler lets one program use on `device`, in bytes.
+
+  Asked of the compiler itself: a program larger than any HBM is compiled
+  for the device and its out-of-memory error names the available HBM
+  (e.g. 15.75 GiB of a v5e's 16: the runtime keeps the rest).
+
+  Args:
+    device: a (compile-only) TPU device.
+
+  Returns:
+    int bytes.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  probe = jax.ShapeDtypeStruct(
+      (256 * GiB // 4,), jnp.float32,
+      sharding=jax.sharding.SingleDeviceSharding(device),
+  )
+  try:
+    jax.jit(lambda x: x + 1).lower(probe).compile()
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    match = _AVAILABLE.search(str(e))
+    if match:
+      return parse_bytes(*match.groups())
+    raise
+  raise RuntimeError(
+      f'A 512 GiB program compiled for {device.device_kind}; cannot tell '
+      'its available HBM.'
+  )

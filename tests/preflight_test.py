@@ -133,7 +133,7 @@ def test_a_config_that_cannot_fit_is_named_with_fixes():
   cmd = [
       sys.executable, '-m', 'agent_tunix.preflight',
       '--config=configs/tiny.py', '--topology=v5e:2x2',
-      '--programs=reference_logps',
+      '--programs=reference_logps,update',
       '--config.training.batch_size=64', '--config.training.micro_batch_size=64',
       '--config.grpo.logps_chunk_size=512',
       '--config.generation.max_generation_steps=512',
@@ -145,6 +145,8 @@ def test_a_config_that_cannot_fit_is_named_with_fixes():
   assert out.returncode == 1, out.stderr[-2000:]
   assert 'DOES NOT FIT: reference_logps' in out.stdout
   assert 'micro_batch_size=32' in out.stdout
+  # It stops there: the update is not compiled, and says so.
+  assert 'Not compiled after that: update' in out.stdout
 
 
 def test_a_bad_topology_exits_2_with_one_line():
