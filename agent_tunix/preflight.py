@@ -371,6 +371,11 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
         model, GemmaSpecialTokens(), gen.kv_cache_size,
         cpu_decode_graph=gen.cpu_decode_graph,
     )
+    if sampler.cpu_decode_graph:
+      raise RuntimeError(
+          'The sampler took the CPU decode graph on a TPU mesh; the '
+          'preflight would compile a program the TPU never runs.'
+      )
     prompts = config.training.batch_size
     prompt_len = gen.max_prompt_length
     total = prompt_len + gen.max_generation_steps
@@ -598,6 +603,36 @@ def prepare(config, topology):
   return spec, devices
 
 
+def summary_table(reports):
+  """A Markdown table of several reports: one row per (config, slice).
+
+  Args:
+    reports: report dicts (as `run` returns or --output writes).
+
+  Returns:
+    The table as text.
+  """
+  lines = [
+      '| model | slice | chips (hosts) | largest program | GiB per chip '
+      '| fits | step time bound |',
+      '| --- | --- | --- | --- | --- | --- | --- |',
+  ]
+  for r in reports:
+    topo = r['topology']
+    compiled = [p for p in r['programs'] if p['fits']]
+    misfits = [p['name'] for p in r['programs'] if not p['fits']]
+    fits = 'yes' if r['fits'] else 'no: ' + ', '.join(misfits)
+    bound = (f"{r['step_time_bound_s']:.1f} s" if r['fits'] and compiled
+             else '-')
+    lines.append(
+        f"| {r['config']['preset']} | {topo['name']} | {topo['chips']} "
+        f"({topo['hosts']}) | {r['largest_program']} | "
+        f"{_gib(r['largest_total_bytes'])} of "
+        f"{_gib(topo['usable_hbm_bytes'])} | {fits} | {bound} |"
+    )
+  return '\n'.join(lines)
+
+
 def run(config, topology, programs=PROGRAMS, keep_going=False):
   """Validates `config`, compiles its programs for `topology`; the report.
 
@@ -644,6 +679,11 @@ _KEEP_GOING = flags.DEFINE_bool(
     'Compile every program even after one does not fit (by default the '
     'preflight stops at the first).'
 )
+_SUMMARIZE = flags.DEFINE_list(
+    'summarize', [],
+    'Instead of compiling: print a Markdown table of the --output JSON '
+    'files given (comma-separated), one row per file.'
+)
 _PROGRAMS = flags.DEFINE_list(
     'programs', list(PROGRAMS),
     'Programs to compile (those the config does not run are skipped).'
@@ -653,6 +693,15 @@ _PROGRAMS = flags.DEFINE_list(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if _SUMMARIZE.value:
+    reports = []
+    for path in _SUMMARIZE.value:
+      with open(path) as f:
+        reports.append(json.load(f))
+    sys.stdout.write(summary_table(reports) + '\n')
+    return
+  if not _CONFIG.value or not _TOPOLOGY.value:
+    raise app.UsageError('--config and --topology are required.')
   unknown = sorted(set(_PROGRAMS.value) - set(PROGRAMS))
   if unknown:
     raise app.UsageError(
@@ -674,5 +723,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  flags.mark_flags_as_required(['config', 'topology'])
   app.run(main)

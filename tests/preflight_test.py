@@ -100,6 +100,9 @@ def test_tiny_programs_compile_for_one_host():
   json.dumps(result)  # The --output file.
   text = preflight.format_report(result)
   assert 'update' in text and 'FITS' in text
+  row = preflight.summary_table([result]).splitlines()[-1]
+  assert row.startswith(f"| tiny | v5e:2x2 | 4 (1) | {result['largest_program']} |")
+  assert '| yes |' in row
 
 
 def test_tiny_programs_compile_for_four_hosts():
