@@ -441,7 +441,8 @@ def fixes(config, program, spec):
     if program.name == 'update' and m.remat != 'layer':
       out.append("--config.model.remat=layer (keep only each layer's input)")
   else:
-    need = gen.max_prompt_length + gen.max_generation_steps
+    need = gen.max_prompt_length + max(gen.max_generation_steps,
+                                       config.eval.max_generation_steps)
     if gen.kv_cache_size > need:
       out.append(f'--config.generation.kv_cache_size={need} '
                  '(prompt + completion)')
@@ -577,7 +578,8 @@ def format_report(result):
           f"DOES NOT FIT: {r['name']} needs {_gib(r['total_bytes'])} GiB per "
           f"chip, {_gib(r['bytes_over'])} GiB over the "
           f"{_gib(topo['usable_hbm_bytes'])} GiB usable"
-          + (f" (the compiler: {r['error']})" if r['error'] else '')
+          + (f" (the compiler: {r['error'].rstrip('.')})" if r['error']
+             else '')
           + '. Fixes: ' + '; '.join(r['fixes']) + '.'
       )
   if result['skipped']:
