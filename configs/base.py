@@ -120,7 +120,8 @@ def get_config(arg=None):
   config.grpo.epsilon = 0.2
   # Upper clip range (clip-higher); negative means equal to epsilon.
   config.grpo.epsilon_high = -1.0
-  # mu: policy updates per batch of rollouts.
+  # mu: policy updates per batch of rollouts (the learning-rate schedule
+  # spans training.num_steps x mu updates).
   config.grpo.num_iterations = 1
   # Advantage normalisation: 'group' (std within each group), 'batch' (std
   # over the batch) or 'none' (mean-centred only).
@@ -162,7 +163,8 @@ def get_config(arg=None):
   config.optimizer = ml_collections.ConfigDict()
   # Peak AdamW learning rate.
   config.optimizer.learning_rate = 3e-6
-  # Fraction of training.num_steps spent on linear warmup.
+  # Fraction of the run's updates spent on linear warmup from 0; then
+  # cosine decay towards 0.
   config.optimizer.warmup_ratio = 0.1
   # AdamW betas and weight decay.
   config.optimizer.b1 = 0.9
