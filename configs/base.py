@@ -102,7 +102,12 @@ def get_config(arg=None):
   config.rewards = ml_collections.ConfigDict()
   # Comma-separated 'name=weight' list. Built-in names: format_exact,
   # format_approx, answer, numbers; a user function is 'module:function'.
-  config.rewards.functions = 'format_exact=1,format_approx=1,answer=1,numbers=1'
+  # The default weights make correctness dominate: a right answer the
+  # rewards can read (answer block, or the last number without one) scores
+  # above a wrong one in the exact format.
+  config.rewards.functions = (
+      'format_exact=0.5,format_approx=0.25,answer=1,numbers=3'
+  )
   # Penalty per completion token beyond length_penalty_target (0 = off).
   config.rewards.length_penalty = 0.0
   # Completion length, in tokens, after which the length penalty applies.

@@ -13,7 +13,7 @@ ignore the rest through `**kwargs`.
 
 The config picks the functions and their weights (`config.rewards`):
 
-  functions = 'format_exact=1,format_approx=1,answer=1,numbers=1'
+  functions = 'format_exact=0.5,format_approx=0.25,answer=1,numbers=3'
   functions = 'answer=1,my_project.rewards:brevity=0.5'
 
 Built-in names are registered with `register`; any other function is named
@@ -173,7 +173,7 @@ def parse_spec(spec: str) -> list[tuple[str, float]]:
   if not isinstance(spec, str) or not spec.strip():
     raise ValueError(
         f'rewards.functions is empty ({spec!r}); list at least one reward, '
-        'e.g. "format_exact=1,format_approx=1,answer=1,numbers=1".'
+        'e.g. "format_exact=0.5,format_approx=0.25,answer=1,numbers=3".'
     )
   pairs = []
   seen = set()
