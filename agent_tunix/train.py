@@ -145,6 +145,9 @@ def rollout_batch(session, batch, step):
       prompts, out.texts, answer=list(rows['answer']),
       question=list(rows['question']),
       completion_lengths=out.lengths.tolist(),
+      completion_tokens=[
+          row[:n].tolist() for row, n in zip(out.tokens, out.lengths)
+      ],
   )
   advantages = np.asarray(
       grpo.group_advantages(total, g, config.grpo.scale_rewards)

@@ -7,7 +7,8 @@ Every reward function has the signature
 
 and returns one score per completion. `example_fields` holds one list per
 field, aligned with `completions`: at least `answer` (the true final answer as
-text), possibly `question`, `completion_lengths` (token counts) and others. A
+text), possibly `question`, `completion_lengths` (token counts),
+`completion_tokens` (the sampled token ids, end token included) and others. A
 function takes the fields it needs as keyword arguments and must accept and
 ignore the rest through `**kwargs`.
 
