@@ -35,7 +35,10 @@ _PER_STEP_SCALARS = (
     'grad_norm', 'learning_rate', 'time/rollout_s', 'time/update_s',
     'tokens_per_s',
 )
-_EVAL_SCALARS = ('eval/accuracy', 'eval/format_accuracy', 'eval/pass_at_k')
+_EVAL_SCALARS = (
+    'eval/accuracy', 'eval/accuracy_stderr', 'eval/format_accuracy',
+    'eval/format_accuracy_stderr', 'eval/pass_at_k', 'eval/pass_at_k_stderr',
+)
 
 
 def read_events(workdir):
@@ -79,7 +82,7 @@ def test_returns_final_step_and_finite_scalars(run):
   assert set(result['scalars']) == set(_PER_STEP_SCALARS)
   for name, value in result['scalars'].items():
     assert math.isfinite(value), (name, value)
-  assert set(result['eval']) == {'accuracy', 'format_accuracy', 'pass_at_k'}
+  assert set(result['eval']) == {t.split('/')[1] for t in _EVAL_SCALARS}
   for value in result['eval'].values():
     assert 0 <= value <= 1
 
