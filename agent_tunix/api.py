@@ -71,7 +71,8 @@ def evaluate(session):
   """Scores the current policy on the held-out questions.
 
   Returns:
-    {'accuracy', 'format_accuracy', and 'pass_at_k' if eval.pass_at_k > 0}.
+    {'accuracy', 'format_accuracy', and 'pass_at_k' if eval.pass_at_k > 0},
+    each with its standard error ('accuracy_stderr', ...).
   """
   scores, _ = evaluation.evaluate(
       session.sampler, session.tokenizer, session.eval_set, session.config

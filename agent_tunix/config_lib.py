@@ -11,6 +11,7 @@ from agent_tunix import rewards
 from agent_tunix import sharding
 from agent_tunix.data import pipeline
 from agent_tunix.models import gemma
+from agent_tunix.models import gguf
 
 _CHOICES = {
     'model.source': gemma.SOURCES,
@@ -55,6 +56,15 @@ def validate(config, num_devices=None, process_count=1):
         f'config.{field}={value!r} is not one of {list(choices)}.',
     )
   m, g, gen, t = config.model, config.grpo, config.generation, config.training
+  _require(
+      not (m.source == 'gguf' and gemma.is_instruction_tuned(m.preset)
+           and gguf.is_packaged_path(m.path)),
+      f'config.model.preset={m.preset!r} is instruction-tuned (chat '
+      f'template), but config.model.path={m.path!r} loads the packaged '
+      'pretrained Gemma 3 270M GGUF. Point config.model.path to an '
+      'instruction-tuned (-it) Gemma 3 GGUF file, or use the pretrained '
+      'preset (drop :it).',
+  )
   _require(
       m.lora_rank >= 0,
       f'config.model.lora_rank={m.lora_rank} must be >= 0 (0 disables LoRA).',

@@ -3,8 +3,11 @@ r"""Evaluates the latest checkpoint of a run (or the base model) as JSON.
   python -m agent_tunix.evaluate --config=configs/gemma3_270m.py \
       --workdir=/tmp/run
 
-Prints {"step": ..., "accuracy": ..., "format_accuracy": ...,
-"pass_at_k": ...} on stdout; step is null for the base model.
+Prints {"step": ..., "accuracy": ..., "accuracy_stderr": ...,
+"format_accuracy": ..., "format_accuracy_stderr": ..., "pass_at_k": ...,
+"pass_at_k_stderr": ..., "num_questions": ...} on stdout; step is null for
+the base model. Each _stderr is the standard error of the accuracy beside it
+over the num_questions held-out questions.
 """
 
 import json
@@ -41,7 +44,9 @@ def main(argv):
   scores, _ = evaluation.evaluate(
       session.sampler, session.tokenizer, session.eval_set, config
   )
-  sys.stdout.write(json.dumps({'step': step, **scores}) + '\n')
+  sys.stdout.write(json.dumps({
+      'step': step, **scores, 'num_questions': len(session.eval_set)
+  }) + '\n')
 
 
 if __name__ == '__main__':

@@ -7,6 +7,11 @@
 * pass_at_k: at least one of k sampled completions (rollout temperature) is
   correct; the fraction of questions for which that holds.
 
+Every accuracy comes with its standard error over the n questions,
+`<name>_stderr` = sqrt(p (1 - p) / n) (the binomial standard error; a 95%
+interval is about p +- 1.96 stderr). It is 0 when p is 0 or 1, however few
+the questions: read it beside n.
+
 Greedy batches hold `eval.batch_size` questions, padded so the sampler
 compiles once. pass@k samples the k completions of a question with one
 shared prefill (`Rollout.generate(num_generations=k)`), `eval.batch_size //
@@ -29,6 +34,21 @@ def is_correct(completion, answer):
   guess = math_lib.parse_number(extracted)
   truth = math_lib.parse_number(str(answer))
   return guess is not None and truth is not None and guess == truth
+
+
+def with_stderr(name, hits):
+  """{name: mean of the 0/1 `hits`, name_stderr: its standard error}."""
+  hits = np.asarray(hits, np.float64)
+  p = float(hits.mean())
+  return {name: p, f'{name}_stderr': float(np.sqrt(p * (1 - p) / hits.size))}
+
+
+def format_scores(metrics):
+  """'accuracy 0.250 +- 0.097, ...': each accuracy beside its stderr."""
+  return ', '.join(
+      f'{name} {value:.3f} +- {metrics[name + "_stderr"]:.3f}'
+      for name, value in metrics.items() if not name.endswith('_stderr')
+  )
 
 
 def encode_examples(examples, tokenizer, max_prompt_length):
@@ -78,7 +98,8 @@ def evaluate(sampler, tokenizer, examples, config, seed=0):
 
   Returns:
     (metrics dict with accuracy, format_accuracy and, when eval.pass_at_k >
-    0, pass_at_k; list of greedy completion texts).
+    0, pass_at_k, each with its <name>_stderr; list of greedy completion
+    texts).
   """
   if not examples:
     raise ValueError(
@@ -93,12 +114,12 @@ def evaluate(sampler, tokenizer, examples, config, seed=0):
   answers = [e['answer'] for e in examples]
   greedy = _generate_all(sampler, tokens, batch, steps, seed)
   metrics = {
-      'accuracy': float(np.mean(
-          [is_correct(c, a) for c, a in zip(greedy, answers)]
-      )),
-      'format_accuracy': float(np.mean(
-          [format_lib.is_exact_format(c) for c in greedy]
-      )),
+      **with_stderr(
+          'accuracy', [is_correct(c, a) for c, a in zip(greedy, answers)]
+      ),
+      **with_stderr(
+          'format_accuracy', [format_lib.is_exact_format(c) for c in greedy]
+      ),
   }
   k = config.eval.pass_at_k
   if k > 0:
@@ -111,6 +132,7 @@ def evaluate(sampler, tokenizer, examples, config, seed=0):
     hits = np.array(
         [is_correct(c, a) for c, a in zip(sampled, np.repeat(answers, k))]
     ).reshape(len(examples), k)
-    metrics['pass_at_k'] = float(hits.any(axis=1).mean())
-  logging.info('Eval on %d questions: %s', len(examples), metrics)
+    metrics.update(with_stderr('pass_at_k', hits.any(axis=1)))
+  logging.info('Eval on %d questions: %s', len(examples),
+               format_scores(metrics))
   return metrics, greedy

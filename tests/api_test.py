@@ -41,7 +41,8 @@ def test_prepare_train_evaluate_ask_export(tmp_path):
   # Greedy evaluation is deterministic: the same scores as the final eval.
   scores = api.evaluate(session)
   assert scores == result['eval']
-  assert set(scores) == {'accuracy', 'format_accuracy'}
+  assert set(scores) == {'accuracy', 'accuracy_stderr', 'format_accuracy',
+                         'format_accuracy_stderr'}
 
   # ask() is the greedy completion of the run's prompt for the question.
   example = session.eval_set[0]

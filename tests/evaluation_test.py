@@ -1,10 +1,12 @@
-"""Tests for agent_tunix.evaluation (a scripted sampler, no model)."""
+"""Tests for agent_tunix.evaluation (a scripted sampler) and the evaluate CLI."""
 
 import os
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
-import ml_collections  # pylint: disable=g-import-not-at-top
+import json  # pylint: disable=g-import-not-at-top
+
+import ml_collections
 import numpy as np
 import pytest
 
@@ -127,10 +129,13 @@ def test_evaluate_scores_and_padded_batches():
       sampler, _FakeTokenizer(), _examples(answers), config, seed=5)
 
   assert texts == greedy
+  # Standard error of 2/3 over 3 questions: sqrt(2/3 * 1/3 / 3) = 0.272.
+  stderr = pytest.approx((2 / 3 * 1 / 3 / 3) ** 0.5)
   assert scores == {
-      'accuracy': pytest.approx(2 / 3),
+      'accuracy': pytest.approx(2 / 3), 'accuracy_stderr': stderr,
       'format_accuracy': pytest.approx(2 / 3),
-      'pass_at_k': pytest.approx(2 / 3),
+      'format_accuracy_stderr': stderr,
+      'pass_at_k': pytest.approx(2 / 3), 'pass_at_k_stderr': stderr,
   }
   # 3 greedy questions -> one batch of 4 (1 pad). pass@2: 4 // 2 = 2
   # questions per call, each sampled twice with a shared prefill -> two
@@ -163,8 +168,10 @@ def test_evaluate_pass_at_k_counts_questions_not_samples():
   sampler = _ScriptedSampler(['', ''], sampled, answers)
   scores, _ = evaluation.evaluate(
       sampler, _FakeTokenizer(), _examples(answers), _config(2, 3))
-  assert scores == {'accuracy': 0.0, 'format_accuracy': 0.0,
-                    'pass_at_k': 0.5}
+  assert scores == {'accuracy': 0.0, 'accuracy_stderr': 0.0,
+                    'format_accuracy': 0.0, 'format_accuracy_stderr': 0.0,
+                    'pass_at_k': 0.5,
+                    'pass_at_k_stderr': pytest.approx(0.5 / 2 ** 0.5)}
   # k = 3 > eval.batch_size = 2: one question (3 samples) per call.
   sampled_calls = sampler.calls[1:]
   assert [(c['tokens'].shape, c['num_generations']) for c in sampled_calls
@@ -175,7 +182,8 @@ def test_evaluate_without_pass_at_k_samples_greedily_only():
   sampler = _ScriptedSampler([_GOOD.format(3)], [[]], ['3'])
   scores, _ = evaluation.evaluate(
       sampler, _FakeTokenizer(), _examples(['3']), _config(8, 0))
-  assert scores == {'accuracy': 1.0, 'format_accuracy': 1.0}
+  assert scores == {'accuracy': 1.0, 'accuracy_stderr': 0.0,
+                    'format_accuracy': 1.0, 'format_accuracy_stderr': 0.0}
   assert len(sampler.calls) == 1
   assert sampler.calls[0]['tokens'].shape == (8, 4)
 
@@ -187,3 +195,42 @@ def test_evaluate_rejects_empty_and_too_long():
   long_prompt = [{'prompt': 'far too long', 'answer': '1'}]
   with pytest.raises(ValueError, match='max_prompt_length=4'):
     evaluation.evaluate(sampler, _FakeTokenizer(), long_prompt, _config(2, 0))
+
+
+@pytest.mark.parametrize('hits, mean, stderr', [
+    ([1, 0, 0, 0], 0.25, (0.25 * 0.75 / 4) ** 0.5),
+    ([True] * 10, 1.0, 0.0),
+    ([1, 0] * 128, 0.5, 0.5 / 16),  # 256 questions: +- 3.1%.
+])
+def test_with_stderr(hits, mean, stderr):
+  assert evaluation.with_stderr('accuracy', hits) == {
+      'accuracy': pytest.approx(mean), 'accuracy_stderr': pytest.approx(stderr)}
+
+
+def test_format_scores_puts_each_stderr_beside_its_accuracy():
+  assert evaluation.format_scores({
+      'accuracy': 0.25, 'accuracy_stderr': 0.2166,
+      'format_accuracy': 1.0, 'format_accuracy_stderr': 0.0,
+  }) == 'accuracy 0.250 +- 0.217, format_accuracy 1.000 +- 0.000'
+
+
+def test_evaluate_cli_json_has_a_stderr_for_every_accuracy(capsys):
+  # The CLI in-process on the tiny random model (base model: no workdir).
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from agent_tunix import evaluate  # pylint: disable=g-import-not-at-top
+
+  config = os.path.join(os.path.dirname(__file__), '..', 'configs', 'tiny.py')
+  # A preset argument, not --config.data...: config_flags registers those
+  # override flags from sys.argv when the module is imported.
+  flags.FLAGS(['evaluate', f'--config={config}:data.num_eval_examples=3'])
+  try:
+    evaluate.main(['evaluate'])
+  finally:
+    flags.FLAGS.unparse_flags()
+  result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert result['step'] is None and result['num_questions'] == 3
+  for name in ('accuracy', 'format_accuracy', 'pass_at_k'):
+    p = result[name]
+    assert p in (0, 1 / 3, 2 / 3, 1)
+    assert result[f'{name}_stderr'] == pytest.approx((p * (1 - p) / 3) ** 0.5)
+  assert len(result) == 8

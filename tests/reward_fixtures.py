@@ -5,6 +5,10 @@ pytest puts tests/ on sys.path (the directory has no __init__.py), so
 that start subprocesses add tests/ to their PYTHONPATH.
 """
 
+import functools
+
+import numpy as np
+
 
 def text_length(prompts, completions, **unused):
   """Characters / 10: differs between a random model's completions.
@@ -19,3 +23,38 @@ def nan_reward(prompts, completions, **unused):
   """NaN for every completion: must stop training."""
   del prompts, unused
   return [float('nan')] * len(completions)
+
+
+@functools.cache
+def _positive_side():
+  """Bool [vocab]: tokens on the positive side of the tiny model's embedding.
+
+  configs/tiny.py's random model (always initialised from seed 0) has tied
+  input/output embeddings; a token is on the positive side when the first
+  coordinate of its embedding is positive (about half the vocabulary).
+  """
+  # pylint: disable=g-import-not-at-top
+  from agent_tunix import sharding
+  from agent_tunix.models import gemma
+  from configs import tiny
+  # pylint: enable=g-import-not-at-top
+  config = tiny.get_config()
+  model = gemma.random_model(
+      gemma.model_config(config.model), sharding.make_mesh(config.mesh)
+  )
+  return np.asarray(model.embedder.input_embedding[...])[:, 0] > 0
+
+
+def embedding_side(prompts, completions, completion_tokens, **unused):
+  """Share of completion tokens on the positive side (`_positive_side`).
+
+  Learnable by the tiny random model: its output logits are the final hidden
+  state times the embeddings, so moving that state along the first
+  embedding coordinate moves the top-k candidates to the positive side.
+  A single token id is not: the embeddings are so small (std 0.02) that no
+  hidden state lifts one token's probability much above uniform over top-k.
+  """
+  del prompts, completions, unused
+  side = _positive_side()
+  return [float(side[np.asarray(t, np.int64)].mean()) if len(t) else 0.0
+          for t in completion_tokens]

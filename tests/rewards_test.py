@@ -21,6 +21,11 @@ _FUZZ = hypothesis.settings(deadline=None, database=None, max_examples=150)
 
 GOOD = '<reasoning>6 * 12 = 72</reasoning>\n<answer>72</answer>'
 
+# A synthetic-style problem whose question holds a number within 20% of
+# the answer (100 vs 90) and one equal to a wrong guess (10).
+_QUESTION = 'A shop had 100 apples and sold 10 of them. How many are left?'
+_ANSWER = '90'
+
 
 def _one(fn, completion, **fields):
   """Calls a reward function on a single completion."""
@@ -152,6 +157,42 @@ def test_answer_accepts_non_string_answers_and_ignores_other_fields():
       ['p', 'p'], [_tagged('72'), _tagged('1.5')], answer=[72, 1.5],
       question=['q', 'q'], completion_lengths=[3, 4])
   assert scores == [3.0, 3.0]
+
+
+_DISTRACTED = ('Grace had 55 cards and gave 33 of them to Diego. The bus '
+               'ride takes 22 minutes. How many cards does Grace have left?')
+
+
+@pytest.mark.parametrize(
+    'fn, completion, true_answer, question, expected',
+    [
+        # Ratio ladder: 100 / 90 is within 20%, but 100 is in the question.
+        (math_rewards.answer_match, _tagged('100'), '90', _QUESTION, -1.0),
+        (math_rewards.answer_match, _tagged('100'), '90', 'No numbers.',
+         0.25),
+        (math_rewards.answer_match, _tagged('89'), '90', _QUESTION, 0.5),
+        # The exact answer pays in full even when the question holds it.
+        (math_rewards.answer_match, _tagged('22'), '22', _DISTRACTED, 3.0),
+        # numbers: no credit for a number the question holds, even when it
+        # is the true answer (copying cannot be told from solving).
+        (math_rewards.number_match, '55 - 33 = 22', '22', _DISTRACTED, 0.0),
+        (math_rewards.number_match, '55 - 33 = 22', '22', 'Cards: 55, 33.',
+         1.5),
+        (math_rewards.number_match, _tagged('90'), '90', _QUESTION, 1.5),
+    ],
+)
+def test_partial_credit_ignores_numbers_copied_from_the_question(
+    fn, completion, true_answer, question, expected):
+  assert _one(fn, completion, answer=true_answer,
+              question=question) == expected
+
+
+def test_without_a_question_field_the_prompt_numbers_count_as_copied():
+  for fn, expected in ((math_rewards.answer_match, -1.0),
+                       (math_rewards.number_match, 0.0)):
+    (score,) = fn([_QUESTION], [_tagged('100')],
+                  answer=['100' if fn is math_rewards.number_match else '90'])
+    assert score == expected, fn
 
 
 # -------------------------------------------------------------------- numbers
@@ -448,7 +489,79 @@ def test_reward_set_from_base_config():
   assert reward_set.names == ['format_exact', 'format_approx', 'answer',
                               'numbers']
   total, _ = reward_set(['p', 'p'], [GOOD, 'nothing'], answer=['72', '72'])
-  np.testing.assert_array_equal(total, [3.0 + 2.0 + 3.0 + 1.5, -2.0])
+  np.testing.assert_array_equal(
+      total, [0.5 * 3.0 + 0.25 * 2.0 + 3.0 + 3 * 1.5, 0.25 * -2.0])
+
+
+
+def _exact(reasoning, answer_text):
+  return f'<reasoning>{reasoning}</reasoning>\n<answer>{answer_text}</answer>'
+
+
+# (case, completion, default total): the exact format with a wrong answer.
+_EXACT_FORMAT_WRONG = [
+    ('copied_near_number', _exact('100 - 10 = 100', '100'), 1.0),
+    ('copied_other_number', _exact('100 - 10 = 10', '10'), 1.0),
+    ('within_10_percent', _exact('100 - 10 = 91', '91'), 2.5),
+    ('within_20_percent', _exact('100 - 10 = 80', '80'), 2.25),
+    ('far_off', _exact('100 + 10 = 110 + 5', '7'), 1.0),
+    ('not_a_number', _exact('100 - 10', 'ninety'), 1.5),
+]
+# (case, completion, default total): the right answer, imperfect format.
+_RIGHT_IMPERFECT_FORMAT = [
+    ('no_tags', '100 - 10 = 90', 4.0),
+    ('no_tags_words', 'The shop sold 10, so 90 apples are left.', 4.0),
+    ('answer_block_only', '<answer>90</answer>', 7.5),
+    ('reasoning_then_plain', '<reasoning>100 - 10</reasoning> It is 90.',
+     4.5),
+    ('cut_off_answer', '<reasoning>100 - 10</reasoning><answer>90', 4.75),
+    ('wordy_answer_block', '<answer>90 apples</answer>', 4.0),
+    ('repeated_tags', _exact('100 - 10 = 90', '90') + '\nQuestion: Ann has '
+     '3 pens and buys 2. ' + _exact('3 + 2 = 5', '5'), 7.0),
+    ('padded_answer', '<answer> 90 </answer> extra', 6.0),
+]
+
+
+def _default_totals(completions):
+  reward_set = rewards.RewardSet.from_config(_base_config().rewards)
+  n = len(completions)
+  total, _ = reward_set(['prompt'] * n, completions, answer=[_ANSWER] * n,
+                        question=[_QUESTION] * n)
+  return total
+
+
+@pytest.mark.parametrize(
+    'completion, expected', [c[1:] for c in _EXACT_FORMAT_WRONG],
+    ids=[c[0] for c in _EXACT_FORMAT_WRONG])
+def test_default_reward_exact_format_wrong_answer(completion, expected):
+  assert format_rewards.is_exact_format(completion)
+  assert math_rewards.guess_number(completion) != F(90)
+  (total,) = _default_totals([completion])
+  assert total == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    'completion, expected', [c[1:] for c in _RIGHT_IMPERFECT_FORMAT],
+    ids=[c[0] for c in _RIGHT_IMPERFECT_FORMAT])
+def test_default_reward_right_answer_imperfect_format(completion, expected):
+  assert not format_rewards.is_exact_format(completion)
+  assert math_rewards.guess_number(completion) == F(90)
+  (total,) = _default_totals([completion])
+  assert total == pytest.approx(expected)
+
+
+def test_default_reward_pays_for_being_right_first():
+  # Every right answer, in whatever format, above every wrong answer in the
+  # exact format: the rewards cannot be gamed by format alone.
+  wrong = _default_totals([c[1] for c in _EXACT_FORMAT_WRONG])
+  right = _default_totals([c[1] for c in _RIGHT_IMPERFECT_FORMAT])
+  assert right.min() > wrong.max(), (right, wrong)
+  # Right in the exact format is the best of all; format still ranks wrong
+  # answers (an untagged wrong answer is below a formatted one).
+  best, untagged_wrong = _default_totals(
+      [_exact('100 - 10 = 90', '90'), '100 - 10 = 80'])
+  assert best > right.max()
+  assert untagged_wrong < wrong.min()
 
 
 def test_reward_set_length_penalty():

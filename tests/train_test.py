@@ -35,7 +35,10 @@ _PER_STEP_SCALARS = (
     'grad_norm', 'learning_rate', 'time/rollout_s', 'time/update_s',
     'tokens_per_s',
 )
-_EVAL_SCALARS = ('eval/accuracy', 'eval/format_accuracy', 'eval/pass_at_k')
+_EVAL_SCALARS = (
+    'eval/accuracy', 'eval/accuracy_stderr', 'eval/format_accuracy',
+    'eval/format_accuracy_stderr', 'eval/pass_at_k', 'eval/pass_at_k_stderr',
+)
 
 
 def read_events(workdir):
@@ -79,7 +82,7 @@ def test_returns_final_step_and_finite_scalars(run):
   assert set(result['scalars']) == set(_PER_STEP_SCALARS)
   for name, value in result['scalars'].items():
     assert math.isfinite(value), (name, value)
-  assert set(result['eval']) == {'accuracy', 'format_accuracy', 'pass_at_k'}
+  assert set(result['eval']) == {t.split('/')[1] for t in _EVAL_SCALARS}
   for value in result['eval'].values():
     assert 0 <= value <= 1
 
@@ -149,3 +152,34 @@ def test_non_finite_reward_stops_the_run(tmp_path):
     train.train_and_evaluate(config, str(tmp_path))
   # Nothing was trained, so nothing was saved.
   assert not list((tmp_path / 'checkpoints').glob('[0-9]*'))
+
+
+def test_schedule_spans_every_update_with_several_iterations(tmp_path):
+  # mu = 2 updates per step: the schedule must span num_steps * mu updates,
+  # or the learning rate reaches 0 half-way and the LoRA stops moving.
+  config = _config(**{
+      'training.num_steps': 4,
+      'grpo.num_iterations': 2,
+      'checkpoint.max_to_keep': 5,
+      'eval.pass_at_k': 0,
+  })
+  train.train_and_evaluate(config, str(tmp_path / 'run'))
+  session = train.setup(config, str(tmp_path / 'fresh'), with_data=False)
+  states = []
+  for step in range(5):
+    if step:
+      assert train.restore_lora(session, str(tmp_path / 'run'), step) == step
+    states.append(jax.tree.leaves(jax.device_get(
+        nnx.to_pure_dict(checkpoint.lora_state(session.model)))))
+  for step in range(1, 5):
+    moved = [not np.array_equal(a, b)
+             for a, b in zip(states[step - 1], states[step])]
+    assert any(moved), f'LoRA unchanged by step {step}'
+  # The logged rate is the one the step's last update used: update 2s - 1
+  # of a cosine over 8 updates (no warmup at 4 steps x ratio 0.1).
+  events = read_events(tmp_path / 'run')
+  peak = config.optimizer.learning_rate
+  for step in range(1, 5):
+    expected = 0.5 * peak * (1 + math.cos(math.pi * (2 * step - 1) / 8))
+    assert events['learning_rate'][step][0] == pytest.approx(
+        expected, rel=1e-5), step

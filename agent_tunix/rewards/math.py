@@ -155,8 +155,42 @@ def guess_number(completion: str) -> fractions.Fraction | None:
   return numbers[0] if numbers else None
 
 
-def score_answer(guess: str | None, true_answer: str) -> float:
-  """The `answer` reward for one extracted answer; see `answer_match`."""
+def question_numbers(
+    prompts: Sequence[str], question: Sequence[Any] | None
+) -> list[frozenset[fractions.Fraction]]:
+  """Per completion, the numbers of its question (else of its prompt).
+
+  Partial credit never pays for one of these: a number copied from the
+  question is no evidence of having solved it.
+
+  Args:
+    prompts: The prompts, one per completion.
+    question: The `question` example field, one per completion, or None
+      when the caller has none (the prompt's numbers are used then).
+
+  Returns:
+    One set of exact values per completion.
+  """
+  texts = prompts if question is None else question
+  return [frozenset(find_numbers(str(text))) for text in texts]
+
+
+def score_answer(
+    guess: str | None,
+    true_answer: str,
+    copied: frozenset[fractions.Fraction] = frozenset(),
+) -> float:
+  """The `answer` reward for one extracted answer; see `answer_match`.
+
+  Args:
+    guess: The text of the answer block, or None when there is none.
+    true_answer: The true final answer.
+    copied: Numbers of the question; a guess among them earns no partial
+      (ratio) credit.
+
+  Returns:
+    The score.
+  """
   if guess is None:
     return NO_ANSWER_SCORE
   if guess == true_answer:
@@ -171,7 +205,7 @@ def score_answer(guess: str | None, true_answer: str) -> float:
     return WRONG_ANSWER_SCORE
   if guess_value == true_value:
     return CLOSE_ANSWER_SCORE
-  if true_value == 0:
+  if true_value == 0 or guess_value in copied:
     return WRONG_ANSWER_SCORE
   ratio = guess_value / true_value
   if fractions.Fraction(9, 10) <= ratio <= fractions.Fraction(11, 10):
@@ -186,6 +220,7 @@ def answer_match(
     completions: Sequence[str],
     *,
     answer: Sequence[Any],
+    question: Sequence[Any] | None = None,
     **unused: Any,
 ) -> list[float]:
   """Scores the text of the first `<answer>...</answer>` block.
@@ -198,26 +233,30 @@ def answer_match(
   * the text is not a number (`parse_number`): -0.5;
   * the true answer is not a number: -1.0;
   * the same number written differently (`72.0`, `$72`, `1,234`): 1.5;
-  * the true answer is 0 (no ratio): -1.0;
+  * the true answer is 0 (no ratio), or the number occurs in the question
+    (copied, not computed): -1.0;
   * guess / true in [0.9, 1.1]: 0.5; in [0.8, 1.2]: 0.25; otherwise -1.0.
 
-  The tiers follow the tunix Gemma GRPO demo; the "same number" tier and the
-  zero true answer are this project's choice.
+  The tiers follow the tunix Gemma GRPO demo; the "same number" tier, the
+  zero true answer and the copied numbers are this project's choice.
 
   Args:
-    prompts: The prompts (unused).
+    prompts: The prompts; their numbers stand for the question's when
+      `question` is not given.
     completions: The generated texts.
     answer: The true final answer of each completion's example, as text (other
       values are converted with `str`).
+    question: The question of each completion's example (optional).
     **unused: Other example fields (ignored).
 
   Returns:
     One score per completion.
   """
-  del prompts, unused
+  del unused
+  copied = question_numbers(prompts, question)
   return [
-      score_answer(format_lib.extract_answer(c), str(a))
-      for c, a in zip(completions, answer, strict=True)
+      score_answer(format_lib.extract_answer(c), str(a), q)
+      for c, a, q in zip(completions, answer, copied, strict=True)
   ]
 
 
@@ -226,25 +265,39 @@ def number_match(
     completions: Sequence[str],
     *,
     answer: Sequence[Any],
+    question: Sequence[Any] | None = None,
     **unused: Any,
 ) -> list[float]:
   """1.5 when the completion's number (`guess_number`) equals the true answer.
 
+  This is the lenient correctness reward: it reads the number without the
+  tags, or inside a wordy answer block. It pays nothing for a number that
+  occurs in the question, even when that number is the true answer: copying
+  cannot be told from solving there (the `answer` reward still pays an exact
+  tagged answer in full).
+
   Args:
-    prompts: The prompts (unused).
+    prompts: The prompts; their numbers stand for the question's when
+      `question` is not given.
     completions: The generated texts.
     answer: The true final answer of each completion's example, as text. A
       true answer that is not a number gives 0.0.
+    question: The question of each completion's example (optional).
     **unused: Other example fields (ignored).
 
   Returns:
     One score (1.5 or 0.0) per completion.
   """
-  del prompts, unused
+  del unused
+  copied = question_numbers(prompts, question)
   scores = []
-  for completion, true_answer in zip(completions, answer, strict=True):
+  for completion, true_answer, numbers in zip(
+      completions, answer, copied, strict=True
+  ):
     guess = guess_number(completion)
     true_value = parse_number(str(true_answer))
     matched = guess is not None and guess == true_value
-    scores.append(NUMBER_MATCH_SCORE if matched else 0.0)
+    scores.append(
+        NUMBER_MATCH_SCORE if matched and guess not in numbers else 0.0
+    )
   return scores
