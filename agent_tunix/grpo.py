@@ -11,6 +11,11 @@ train loop:
 * `policy_logps(model, batch, hp)`: log-probs under the current policy, no
   gradient; the "old" log-probs when a batch is reused (num_iterations > 1).
 
+All log-probs here (policy, old and reference) and the entropy come from
+the logits divided by the rollouts' sampling temperature (`hp.temperature`),
+so ratio, KL and entropy refer to the distribution the completions were
+drawn from.
+
 The jitted functions are `jax.jit` over the model split into states, with
 the hyperparameters `hp` (a frozen, hashable `StepHParams`) as a static
 argument and the graph definitions closed over (`GraphJit`), so each
@@ -101,6 +106,11 @@ class StepHParams:
       prompt (the train loop's batches); each prompt then runs through the
       model once per pass (see `per_token_logps`). 1 = no sharing. Must
       divide micro_batch_size.
+    temperature: the rollouts' sampling temperature. Policy, old and
+      reference log-probs (and the entropy) are computed from the logits
+      divided by it, so ratio, KL and entropy refer to the distribution the
+      completions were drawn from. 1 = the model's own logits (also used
+      for greedy rollouts, which have no tempered distribution).
   """
 
   beta: float = 0.04
@@ -112,6 +122,7 @@ class StepHParams:
   micro_batch_size: int = 0
   remat: str = 'none'
   prompt_group: int = 1
+  temperature: float = 1.0
 
   def __post_init__(self):
     _check_choice('kl_estimator', self.kl_estimator, KL_ESTIMATORS)
@@ -121,6 +132,11 @@ class StepHParams:
       raise ValueError(f'beta must be >= 0, got {self.beta}.')
     if self.epsilon < 0:
       raise ValueError(f'epsilon must be >= 0, got {self.epsilon}.')
+    if self.temperature <= 0:
+      raise ValueError(
+          f'temperature must be > 0, got {self.temperature}; greedy rollouts '
+          'use 1.'
+      )
     if self.chunk_size < 1:
       raise ValueError(f'chunk_size must be >= 1, got {self.chunk_size}.')
     if self.micro_batch_size < 0:
@@ -143,7 +159,8 @@ def hparams_from_config(config: Any) -> StepHParams:
   """Builds StepHParams from a full agent_tunix config.
 
   `training.micro_batch_size` counts prompts; each prompt gives
-  `grpo.num_generations` rows, so the row count is their product.
+  `grpo.num_generations` rows, so the row count is their product. The
+  temperature is `generation.temperature` (1 when it is 0: greedy rollouts).
 
   Args:
     config: the ml_collections config (see configs/base.py).
@@ -165,6 +182,7 @@ def hparams_from_config(config: Any) -> StepHParams:
       prompt_group=(
           int(config.grpo.num_generations) if config.grpo.share_prompts else 1
       ),
+      temperature=float(config.generation.temperature or 1.0),
   )
 
 
@@ -219,8 +237,9 @@ def chunked_token_logps(
     targets: jax.Array,
     chunk_size: int,
     compute_entropy: bool = False,
+    temperature: float = 1.0,
 ) -> tuple[jax.Array, jax.Array | None]:
-  """Log-probabilities of `targets` under logits = hidden @ embedding.T.
+  """Log-probabilities of `targets` under logits = hidden @ embedding.T / T.
 
   The sequence is processed `chunk_size` positions at a time with
   `lax.map`. With more than one chunk, each is rematerialised in the
@@ -230,16 +249,23 @@ def chunked_token_logps(
   would save no memory and cost one more [B, T, D] x [D, V] matmul. Logits
   are accumulated and normalised in float32.
 
+  The logits are divided by `temperature` (T) before the softmax, as the
+  sampler divides them before drawing a token, so log-probs and entropy are
+  those of the distribution the tokens were sampled from.
+
   Args:
     hidden: [B, T, D] final hidden states.
     embedding: [V, D] output embedding (tied input embedding for Gemma).
     targets: [B, T] int token ids.
     chunk_size: positions per chunk; T need not be a multiple of it.
     compute_entropy: also return the per-token entropy of the distribution.
+    temperature: T > 0, the sampling temperature (1 = the model's logits).
 
   Returns:
     (logps [B, T] float32, entropy [B, T] float32 or None).
   """
+  if temperature <= 0:
+    raise ValueError(f'temperature must be > 0, got {temperature}.')
   batch, length, dim = hidden.shape
   chunk = max(1, min(chunk_size, length))
   num_chunks = -(-length // chunk)
@@ -255,6 +281,8 @@ def chunked_token_logps(
     logits = jnp.einsum(
         'bcd,vd->bcv', h, embedding, preferred_element_type=jnp.float32
     )
+    if temperature != 1.0:
+      logits = logits / temperature
     lse = jax.nn.logsumexp(logits, axis=-1)
     picked = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
     logps = picked - lse
@@ -439,6 +467,7 @@ def per_token_logps(
     use_lora: bool = True,
     compute_entropy: bool = False,
     group: int = 1,
+    temperature: float = 1.0,
 ) -> tuple[jax.Array, jax.Array | None]:
   """Log-probs of the last `completion_len` tokens given what precedes them.
 
@@ -453,6 +482,8 @@ def per_token_logps(
     group: rows per shared prompt (contiguous); above 1, each prompt runs
       through the model once (`shared_prompt_hidden_states`) where
       `can_share_prompts` allows it.
+    temperature: the logits are divided by it before the softmax (the
+      sampling temperature; see `chunked_token_logps`).
 
   Returns:
     (logps [B, C] float32, entropy [B, C] float32 or None).
@@ -474,7 +505,8 @@ def per_token_logps(
   targets = tokens[:, length - completion_len :]
   embedding = model.embedder.input_embedding[...]
   return chunked_token_logps(
-      hidden, embedding, targets, chunk_size, compute_entropy=compute_entropy
+      hidden, embedding, targets, chunk_size, compute_entropy=compute_entropy,
+      temperature=temperature,
   )
 
 
@@ -834,6 +866,7 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
         use_lora=True,
         compute_entropy=True,
         group=hp.prompt_group,
+        temperature=hp.temperature,
     )
     micro_mask = micro['completion_mask'].astype(jnp.float32)
     old_logps = micro.get('old_logps')
@@ -1022,6 +1055,7 @@ def _logps(graphdefs, state, batch, hp, use_lora):
         hp.chunk_size,
         use_lora=use_lora,
         group=hp.prompt_group,
+        temperature=hp.temperature,
     )
     return logps
 

@@ -143,7 +143,9 @@ def get_config(arg=None):
   config.generation.max_prompt_length = 256
   # Completion tokens sampled per rollout.
   config.generation.max_generation_steps = 256
-  # Sampling temperature for rollouts (evaluation is greedy).
+  # Sampling temperature for rollouts (evaluation is greedy). The update's
+  # log-probs, KL and entropy use the logits divided by it too (0: plain
+  # logits).
   config.generation.temperature = 0.9
   # Top-k for rollouts; 0 = off.
   config.generation.top_k = 50
