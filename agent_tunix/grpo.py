@@ -33,6 +33,8 @@ Batch layout (N rows = prompts x generations, groups contiguous):
   advantages       float32 [N]
   old_logps        float32 [N, C]      optional; absent = current policy
   ref_logps        float32 [N, C]      needed only when hp.beta > 0
+  sampler_logps    float32 [N, C]      optional; the sampler's log-probs of
+                                       the completion tokens (rollout.py)
 
 The reference policy is the same backbone with LoRA disabled: qwix rewrites
 the model's class so that only its top-level `__call__` applies the adapters,
@@ -63,6 +65,9 @@ LOSS_AGG_MODES = (
 # jax.checkpoint recomputation XLA CPU schedules early (no memory saved).
 REMAT_MODES = ('none', 'block', 'layer')
 
+# Metric: mean |sampler log-prob - trainer log-prob| over completion tokens.
+SAMPLER_GAP = 'sampler/logp_abs_diff'
+
 # Added to the reward standard deviation so constant groups do not divide by 0.
 _STD_EPS = 1e-4
 
@@ -74,6 +79,7 @@ _BATCH_KEYS = (
     'advantages',
     'old_logps',
     'ref_logps',
+    'sampler_logps',
 )
 
 
@@ -883,6 +889,11 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
         'clip_ratio': (is_clipped * micro_mask).sum(),
         'entropy': (jax.lax.stop_gradient(entropy) * micro_mask).sum(),
     }
+    if 'sampler_logps' in micro:
+      # The trainer's log-probs of the policy that sampled: the old ones,
+      # or this pass's own (num_iterations = 1).
+      gap = jnp.abs(jax.lax.stop_gradient(old_logps) - micro['sampler_logps'])
+      sums[SAMPLER_GAP] = (gap * micro_mask).sum()
     if hp.beta > 0:
       kl = kl_divergence(logps, micro['ref_logps'], hp.kl_estimator)
       per_token = per_token + hp.beta * kl
@@ -903,6 +914,8 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
   zero_sums = {'clip_ratio': 0.0, 'entropy': 0.0}
   if hp.beta > 0:
     zero_sums['kl'] = 0.0
+  if 'sampler_logps' in micros:
+    zero_sums[SAMPLER_GAP] = 0.0
   init = (
       jnp.zeros((), jnp.float32),
       jax.tree.map(lambda x: jnp.zeros((), jnp.float32), zero_sums),
@@ -973,8 +986,12 @@ def train_step(
 
   Returns:
     Scalar metrics: loss, clip_ratio (fraction of completion tokens clipped),
-    entropy (mean per completion token), grad_norm (before clipping) and,
-    when beta > 0, kl (mean per completion token).
+    entropy (mean per completion token), grad_norm (before clipping), when
+    beta > 0 kl (mean per completion token), and when the batch has
+    sampler_logps `sampler/logp_abs_diff`: the mean over completion tokens
+    of |sampler log-prob - trainer log-prob of the sampling policy| (the
+    old log-probs, or with none given this pass's own, which are the
+    policy that sampled when num_iterations = 1).
   """
   return run_train_step(
       lambda graphdefs: functools.partial(TRAIN_STEP(graphdefs), hp=hp),

@@ -9,7 +9,8 @@ exits early once every row has produced an end token.
 The sampler's public `__call__` takes strings and drops the end token it
 stopped on; GRPO trains on that token too (it is how the policy learns to
 stop), so this module drives the sampler's prefill and decode functions on
-token ids directly and reads the raw token buffer.
+token ids directly and reads the raw token and log-prob buffers (the
+sampler's log-prob of every sampled token; see `Rollout.generate`).
 
 Shared prompts: GRPO samples G completions of every prompt. With
 `num_generations=G`, `generate` takes each prompt once, runs the prefill on
@@ -55,6 +56,10 @@ class Completions:
   lengths: np.ndarray  # int32 [N], tokens incl. the end token
   truncated: np.ndarray  # bool [N], no end token within C
   texts: list  # str [N], decoded, end token excluded
+  # float32 [N, C]: the sampler's log-prob of each kept token (0 after the
+  # end), under the temperature-scaled distribution before the top-k /
+  # top-p cut (see `Rollout.generate`); None when not given.
+  logps: np.ndarray | None = None
 
 
 def end_token_ids(tokenizer):
@@ -160,7 +165,15 @@ class Rollout:
         passing every prompt row repeated G times, at 1/G of the prefill.
 
     Returns:
-      `Completions` of the chosen rows.
+      `Completions` of the chosen rows, with the sampler's log-prob of each
+      sampled token (`Completions.logps`): log softmax(logits / temperature)
+      of the token, before the top-k / top-p cut (greedy: of the plain
+      logits). That is the distribution the trainer's log-probs refer to
+      (it never applies the cut), so the two differ only by numerics
+      (kernels, dtype, cache vs. full forward), which is what
+      `sampler/logp_abs_diff` measures and truncated importance sampling
+      corrects; the truncated distribution's log-prob would also differ
+      by its renormalisation, for every token.
     """
     prompt_tokens = np.asarray(prompt_tokens, dtype=np.int32)
     num_prompt = prompt_tokens.shape[1]
@@ -185,9 +198,10 @@ class Rollout:
       )
     state = sampler._compiled_decode_fn(params, state)  # pylint: disable=protected-access
     buffer = sharding.to_host(state.token_buffer)[:, num_prompt:]
-    return self.completions_from_tokens(
-        buffer if rows is None else buffer[np.asarray(rows)]
-    )
+    logps = sharding.to_host(state.logprobs_buffer)[:, num_prompt:]
+    if rows is not None:
+      buffer, logps = buffer[np.asarray(rows)], logps[np.asarray(rows)]
+    return self.completions_from_tokens(buffer, logps)
 
   def init_state(self, prompt_tokens, total_steps, seed, **sampling):
     """tunix's initial sampling state, with its arrays placed on the mesh.
@@ -216,6 +230,7 @@ class Rollout:
         forbidden_token_ids=None,
         seed=jax.random.PRNGKey(seed),
         beam_size=None,
+        include_logprobs=True,
         **sampling,
     )
     if self.mesh is None:
@@ -244,9 +259,11 @@ class Rollout:
         top_k=None,
         seed=key,
         beam_size=None,
+        include_logprobs=True,
     )
     arrays = {
         'token_buffer': state.token_buffer,
+        'logprobs_buffer': state.logprobs_buffer,
         'positions': state.positions,
         'cache': state.cache,
         'done': state.done,
@@ -319,6 +336,7 @@ class Rollout:
     cache = jax.tree.map(grouped, cache)
     state = state.replace(
         token_buffer=grouped(state.token_buffer),
+        logprobs_buffer=grouped(state.logprobs_buffer),
         positions=grouped(state.positions),
         done=grouped(state.done),
         cache=cache,
@@ -331,12 +349,12 @@ class Rollout:
     )
     # pylint: enable=protected-access
 
-  def completions_from_tokens(self, raw):
+  def completions_from_tokens(self, raw, logps=None):
     """Cuts raw sampled tokens [N, C] at the first end token."""
-    return completions_from_tokens(raw, self.end_ids, self.tokenizer)
+    return completions_from_tokens(raw, self.end_ids, self.tokenizer, logps)
 
 
-def completions_from_tokens(raw, end_ids, tokenizer):
+def completions_from_tokens(raw, end_ids, tokenizer, logps=None):
   """Cuts raw sampled tokens [N, C] at each row's first end token.
 
   Args:
@@ -344,11 +362,12 @@ def completions_from_tokens(raw, end_ids, tokenizer):
       ignored).
     end_ids: token ids that end a completion (see `end_token_ids`).
     tokenizer: has `decode(list[int]) -> str`.
+    logps: float [N, C] the sampler's log-probs of `raw`, or None.
 
   Returns:
     `Completions`: the end token is kept in tokens, mask and lengths (the
     policy learns to stop from it) but not in the texts; positions after it
-    hold the pad id.
+    hold the pad id (and log-prob 0).
   """
   raw = np.asarray(raw, dtype=np.int32)
   n, c = raw.shape
@@ -360,4 +379,6 @@ def completions_from_tokens(raw, end_ids, tokenizer):
   mask = (positions < lengths[:, None]).astype(np.float32)
   tokens = np.where(mask > 0, raw, pipeline.PAD_ID).astype(np.int32)
   texts = [tokenizer.decode(raw[i, :first_end[i]].tolist()) for i in range(n)]
-  return Completions(tokens, mask, lengths, ~has_end, texts)
+  if logps is not None:
+    logps = np.where(mask > 0, logps, 0.0).astype(np.float32)
+  return Completions(tokens, mask, lengths, ~has_end, texts, logps)

@@ -157,6 +157,8 @@ def rollout_batch(session, batch, step):
       ),
       'completion_mask': out.mask,
       'advantages': advantages.astype(np.float32),
+      # The update logs sampler/logp_abs_diff from these.
+      'sampler_logps': out.logps,
   }
   samples = (prompts, out.texts, total)
   return update, scalars, samples, gen_tokens

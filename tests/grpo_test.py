@@ -465,6 +465,31 @@ def test_update_entropy_is_the_tempered_distributions(full_batch_reference):
   assert float(high) > float(low) + 0.1
 
 
+def test_sampler_gap_metric(full_batch_reference):
+  """sampler/logp_abs_diff: mean |sampler - trainer| over completion tokens,
+  the trainer being the old log-probs, or the pass's own without them."""
+  model, batch, _ = full_batch_reference
+  hp = grpo.StepHParams(micro_batch_size=2, **_LOSS_HP)
+  mask = np.asarray(batch['completion_mask'])
+  rng = np.random.default_rng(5)
+  sampler = np.asarray(batch['old_logps']) + rng.normal(
+      0, 0.1, mask.shape).astype(np.float32)
+  sampler = np.where(mask > 0, sampler, 0.0).astype(np.float32)
+  with_old = dict(batch, sampler_logps=jnp.asarray(sampler))
+  metrics = grpo.compute_grads(model, with_old, hp)[1]
+  want = (np.abs(np.asarray(batch['old_logps']) - sampler) * mask).sum()
+  np.testing.assert_allclose(metrics[grpo.SAMPLER_GAP], want / mask.sum(),
+                             rtol=1e-5)
+  # Without old log-probs (num_iterations = 1): the current policy's.
+  current = np.asarray(grpo.policy_logps(model, batch, hp))
+  no_old = {k: v for k, v in with_old.items() if k != 'old_logps'}
+  no_old['sampler_logps'] = jnp.asarray(current + 0.25 * mask)
+  metrics = grpo.compute_grads(model, no_old, hp)[1]
+  np.testing.assert_allclose(metrics[grpo.SAMPLER_GAP], 0.25, rtol=1e-3)
+  # Without sampler log-probs there is nothing to compare.
+  assert grpo.SAMPLER_GAP not in grpo.compute_grads(model, batch, hp)[1]
+
+
 def test_reference_is_base_model_without_lora(abstract_lora_model):
   batch = _batch()
   hp = grpo.StepHParams(chunk_size=4, micro_batch_size=2)
