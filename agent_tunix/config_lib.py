@@ -73,6 +73,10 @@ def validate(config, num_devices=None, process_count=1):
       f'config.grpo.num_iterations={g.num_iterations} must be >= 1.',
   )
   _require(
+      g.tis_cap >= 0,
+      f'config.grpo.tis_cap={g.tis_cap} must be >= 0 (0 = off).',
+  )
+  _require(
       g.logps_chunk_size >= 1,
       f'config.grpo.logps_chunk_size={g.logps_chunk_size} must be >= 1.',
   )

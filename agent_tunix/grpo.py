@@ -117,6 +117,14 @@ class StepHParams:
       divided by it, so ratio, KL and entropy refer to the distribution the
       completions were drawn from. 1 = the model's own logits (also used
       for greedy rollouts, which have no tempered distribution).
+    tis_cap: truncated importance sampling; 0 = off. Above 0 each token's
+      policy-gradient (clipped surrogate) term is multiplied by
+      w = stop_gradient(min(exp(old_logp - sampler_logp), tis_cap)), where
+      old_logp is the trainer's log-prob of the policy that sampled (the
+      batch's old_logps, or this pass's own) and sampler_logp the
+      sampler's (batch['sampler_logps'], required). It corrects for a
+      sampler whose numerics differ from the trainer's (bfloat16, other
+      kernels, a remote sampler); the KL term is not weighted.
   """
 
   beta: float = 0.04
@@ -129,6 +137,7 @@ class StepHParams:
   remat: str = 'none'
   prompt_group: int = 1
   temperature: float = 1.0
+  tis_cap: float = 0.0
 
   def __post_init__(self):
     _check_choice('kl_estimator', self.kl_estimator, KL_ESTIMATORS)
@@ -143,6 +152,8 @@ class StepHParams:
           f'temperature must be > 0, got {self.temperature}; greedy rollouts '
           'use 1.'
       )
+    if self.tis_cap < 0:
+      raise ValueError(f'tis_cap must be >= 0 (0 = off), got {self.tis_cap}.')
     if self.chunk_size < 1:
       raise ValueError(f'chunk_size must be >= 1, got {self.chunk_size}.')
     if self.micro_batch_size < 0:
@@ -189,6 +200,7 @@ def hparams_from_config(config: Any) -> StepHParams:
           int(config.grpo.num_generations) if config.grpo.share_prompts else 1
       ),
       temperature=float(config.generation.temperature or 1.0),
+      tis_cap=float(config.grpo.tis_cap),
   )
 
 
@@ -572,6 +584,28 @@ def clipped_surrogate(
   return loss, is_clipped
 
 
+def tis_weights(
+    trainer_logps: jax.Array, sampler_logps: jax.Array, cap: float
+) -> jax.Array:
+  """Truncated importance sampling weights, no gradient.
+
+  w = stop_gradient(min(exp(trainer_logps - sampler_logps), cap)): the
+  ratio of the trainer's probability of each sampled token to the
+  sampler's, capped so that a token the sampler found unlikely cannot blow
+  up the update.
+
+  Args:
+    trainer_logps: [B, C] the trainer's log-probs of the sampling policy.
+    sampler_logps: [B, C] the sampler's log-probs of the same tokens.
+    cap: upper bound of the weight (> 0).
+
+  Returns:
+    [B, C] float32 weights in (0, cap].
+  """
+  ratio = jnp.exp(trainer_logps - sampler_logps)
+  return jax.lax.stop_gradient(jnp.minimum(ratio, cap))
+
+
 def _agg_count(mask: jax.Array, mode: str) -> jax.Array:
   """What `aggregate_loss` averages over: tokens, or non-empty sequences."""
   if mode == 'token-mean':
@@ -846,6 +880,11 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
     (LoRA grads State, metrics dict).
   """
   logps_fn = logps_fn or per_token_logps
+  if hp.tis_cap > 0 and 'sampler_logps' not in batch:
+    raise ValueError(
+        f'tis_cap={hp.tis_cap} needs batch["sampler_logps"] (the sampler\'s '
+        'log-probs of the completion tokens); pass them or set tis_cap=0.'
+    )
   if hp.beta > 0 and 'ref_logps' not in batch:
     raise ValueError(
         f'beta={hp.beta} needs batch["ref_logps"]; compute them with '
@@ -885,6 +924,10 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
         hp.epsilon,
         hp.upper_epsilon,
     )
+    if hp.tis_cap > 0:
+      per_token = per_token * tis_weights(
+          old_logps, micro['sampler_logps'], hp.tis_cap
+      )
     sums = {
         'clip_ratio': (is_clipped * micro_mask).sum(),
         'entropy': (jax.lax.stop_gradient(entropy) * micro_mask).sum(),

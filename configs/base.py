@@ -131,6 +131,11 @@ def get_config(arg=None):
   # Sequence chunk for per-token log-probs, so [B, T, vocab] logits are never
   # materialised whole.
   config.grpo.logps_chunk_size = 64
+  # Truncated importance sampling cap; 0 = off. Above 0 each token's
+  # policy-gradient term is weighted by min(exp(trainer logp - sampler
+  # logp), tis_cap) (no gradient through the weight), for a sampler whose
+  # numerics differ from the trainer's (bfloat16, other kernels).
+  config.grpo.tis_cap = 0.0
   # Reference and update passes: run each prompt through the model once for
   # its G completions instead of once per completion, when prompt +
   # completion fits in the model's sliding window (otherwise every row runs

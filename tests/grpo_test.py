@@ -362,6 +362,7 @@ def test_hparams_from_base_config():
   assert config.grpo.share_prompts
   assert hp.prompt_group == config.grpo.num_generations
   assert hp.temperature == config.generation.temperature == 0.9
+  assert hp.tis_cap == config.grpo.tis_cap == 0.0
   config.grpo.share_prompts = False
   assert grpo.hparams_from_config(config).prompt_group == 1
   config.generation.temperature = 0.0  # Greedy rollouts: the plain logits.
@@ -488,6 +489,63 @@ def test_sampler_gap_metric(full_batch_reference):
   np.testing.assert_allclose(metrics[grpo.SAMPLER_GAP], 0.25, rtol=1e-3)
   # Without sampler log-probs there is nothing to compare.
   assert grpo.SAMPLER_GAP not in grpo.compute_grads(model, batch, hp)[1]
+
+
+def test_tis_weights_match_numpy():
+  rng = np.random.default_rng(3)
+  trainer = rng.normal(-2, 1, (3, 6)).astype(np.float32)
+  sampler = (trainer + rng.normal(0, 0.7, (3, 6))).astype(np.float32)
+  cap = 1.5
+  want = np.minimum(np.exp(trainer.astype(np.float64) - sampler), cap)
+  assert (want == cap).any() and (want < 1).any()  # Both sides of the cap.
+  got = grpo.tis_weights(jnp.asarray(trainer), jnp.asarray(sampler), cap)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  # A weight, not a term to optimise: no gradient flows through it.
+  grad = jax.grad(lambda t: grpo.tis_weights(t, sampler, cap).sum())(
+      jnp.asarray(trainer))
+  np.testing.assert_array_equal(grad, np.zeros_like(trainer))
+
+
+def test_tis_weights_only_the_policy_gradient_term(full_batch_reference):
+  """With tis_cap the loss is sum(mask * (w * surrogate + beta * kl)) / n,
+  w = min(exp(old - sampler), cap) from NumPy; grads and loss match."""
+  model, batch, reference = full_batch_reference
+  (plain_loss, _), _ = reference['token-mean']
+  mask = np.asarray(batch['completion_mask'])
+  old = np.asarray(batch['old_logps'])
+  rng = np.random.default_rng(4)
+  sampler = (old + rng.normal(0, 0.5, old.shape)).astype(np.float32)
+  cap = 1.3
+  weights = np.minimum(np.exp(old.astype(np.float64) - sampler), cap)
+  assert ((weights == cap) & (mask > 0)).any()
+  graphdef, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
+  completion_len = mask.shape[1]
+
+  @jax.jit
+  def reference_loss(lora):
+    logps, _ = grpo.per_token_logps(
+        nnx.merge(graphdef, lora, rest), batch['tokens'], batch['input_mask'],
+        completion_len, chunk_size=completion_len,
+    )
+    surrogate, _ = grpo.clipped_surrogate(
+        logps, batch['old_logps'], batch['advantages'], 0.2, 0.3
+    )
+    kl = grpo.kl_divergence(logps, batch['ref_logps'], 'k3')
+    per_token = jnp.asarray(weights, jnp.float32) * surrogate + 0.1 * kl
+    return (per_token * mask).sum() / mask.sum()
+
+  want_loss, want_grads = jax.value_and_grad(reference_loss)(lora)
+  hp = grpo.StepHParams(micro_batch_size=2, tis_cap=cap, **_LOSS_HP)
+  tis_batch = dict(batch, sampler_logps=jnp.asarray(sampler))
+  grads, metrics = grpo.compute_grads(model, tis_batch, hp)
+  np.testing.assert_allclose(metrics['loss'], want_loss, rtol=1e-4)
+  assert abs(float(metrics['loss']) - float(plain_loss)) > 1e-3
+  for want, got in zip(jax.tree.leaves(want_grads), jax.tree.leaves(grads)):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match='tis_cap=1.3 needs'):
+    grpo.compute_grads(model, batch, hp)
+  with pytest.raises(ValueError, match='tis_cap must be >= 0'):
+    grpo.StepHParams(tis_cap=-1.0)
 
 
 def test_reference_is_base_model_without_lora(abstract_lora_model):
