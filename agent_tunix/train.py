@@ -82,6 +82,8 @@ def setup(config, workdir, with_data=True):
   sampler = rollout.Rollout(
       model, tokenizer, config.generation.kv_cache_size,
       cpu_decode_graph=config.generation.cpu_decode_graph,
+      stop_sequences=rollout.stop_sequences_from_config(config),
+      decode_chunk_steps=config.generation.decode_chunk_steps,
   )
   tx, schedule = grpo.make_optimizer(
       learning_rate=config.optimizer.learning_rate,

@@ -156,6 +156,17 @@ def get_config(arg=None):
   config.generation.top_k = 50
   # Top-p for rollouts; 1.0 = off.
   config.generation.top_p = 1.0
+  # Texts that end a completion (kept in its tokens and loss, cut from the
+  # text that rewards score; later tokens are masked out). Several are
+  # separated by '|'; write a newline as \n (also \t, \| and \\). 'auto':
+  # the template's own: '\nQuestion:' for 'plain' (the next few-shot example,
+  # so a pretrained model writes one answer), none for 'chat' (<end_of_turn>
+  # ends it); '' = end tokens only.
+  config.generation.stop_sequences = 'auto'
+  # With stop sequences, decode steps between the host's checks whether every
+  # row has ended (the decode loop then stops; it compiles once for any
+  # chunk).
+  config.generation.decode_chunk_steps = 16
   # KV cache length; must be >= max_prompt_length + max_generation_steps.
   config.generation.kv_cache_size = 1024
   # On CPU, sample with agent_tunix/models/decode.py's graph: tunix's
