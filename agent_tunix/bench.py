@@ -1044,7 +1044,7 @@ def decode_measurements(ctx, batch_sizes):
 
 def naive_token_logps(model, tokens, input_mask, completion_len,
                       chunk_size=None, use_lora=True, compute_entropy=True,
-                      group=1):
+                      group=1, temperature=1.0):
   """grpo.per_token_logps from the model's full [B, T, V] logits.
 
   Same arguments as grpo.per_token_logps; chunk_size is unused, LoRA is
@@ -1060,7 +1060,9 @@ def naive_token_logps(model, tokens, input_mask, completion_len,
   )
   length = tokens.shape[1]
   logits = logits[:, length - completion_len - 1 : length - 1]
-  logp_all = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  logp_all = jax.nn.log_softmax(
+      logits.astype(jnp.float32) / temperature, axis=-1
+  )
   targets = tokens[:, length - completion_len :]
   logps = jnp.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]
   entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)

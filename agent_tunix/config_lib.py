@@ -8,6 +8,7 @@ import math
 
 from agent_tunix import grpo
 from agent_tunix import rewards
+from agent_tunix import rollout
 from agent_tunix import sharding
 from agent_tunix.data import pipeline
 from agent_tunix.models import gemma
@@ -83,6 +84,10 @@ def validate(config, num_devices=None, process_count=1):
       f'config.grpo.num_iterations={g.num_iterations} must be >= 1.',
   )
   _require(
+      g.tis_cap >= 0,
+      f'config.grpo.tis_cap={g.tis_cap} must be >= 0 (0 = off).',
+  )
+  _require(
       g.logps_chunk_size >= 1,
       f'config.grpo.logps_chunk_size={g.logps_chunk_size} must be >= 1.',
   )
@@ -107,6 +112,16 @@ def validate(config, num_devices=None, process_count=1):
       gen.temperature >= 0,
       f'config.generation.temperature={gen.temperature} must be >= 0.',
   )
+  _require(
+      gen.decode_chunk_steps >= 1,
+      f'config.generation.decode_chunk_steps={gen.decode_chunk_steps} must '
+      'be >= 1.',
+  )
+  if gen.stop_sequences != 'auto':
+    try:
+      rollout.parse_stop_sequences(gen.stop_sequences)
+    except ValueError as e:
+      raise ConfigError(f'config.{e}') from None
   _require(
       0 < gen.top_p <= 1,
       f'config.generation.top_p={gen.top_p} must be in (0, 1].',

@@ -11,6 +11,11 @@ train loop:
 * `policy_logps(model, batch, hp)`: log-probs under the current policy, no
   gradient; the "old" log-probs when a batch is reused (num_iterations > 1).
 
+All log-probs here (policy, old and reference) and the entropy come from
+the logits divided by the rollouts' sampling temperature (`hp.temperature`),
+so ratio, KL and entropy refer to the distribution the completions were
+drawn from.
+
 The jitted functions are `jax.jit` over the model split into states, with
 the hyperparameters `hp` (a frozen, hashable `StepHParams`) as a static
 argument and the graph definitions closed over (`GraphJit`), so each
@@ -28,6 +33,8 @@ Batch layout (N rows = prompts x generations, groups contiguous):
   advantages       float32 [N]
   old_logps        float32 [N, C]      optional; absent = current policy
   ref_logps        float32 [N, C]      needed only when hp.beta > 0
+  sampler_logps    float32 [N, C]      optional; the sampler's log-probs of
+                                       the completion tokens (rollout.py)
 
 The reference policy is the same backbone with LoRA disabled: qwix rewrites
 the model's class so that only its top-level `__call__` applies the adapters,
@@ -58,6 +65,9 @@ LOSS_AGG_MODES = (
 # jax.checkpoint recomputation XLA CPU schedules early (no memory saved).
 REMAT_MODES = ('none', 'block', 'layer')
 
+# Metric: mean |sampler log-prob - trainer log-prob| over completion tokens.
+SAMPLER_GAP = 'sampler/logp_abs_diff'
+
 # Added to the reward standard deviation so constant groups do not divide by 0.
 _STD_EPS = 1e-4
 
@@ -69,6 +79,7 @@ _BATCH_KEYS = (
     'advantages',
     'old_logps',
     'ref_logps',
+    'sampler_logps',
 )
 
 
@@ -101,6 +112,19 @@ class StepHParams:
       prompt (the train loop's batches); each prompt then runs through the
       model once per pass (see `per_token_logps`). 1 = no sharing. Must
       divide micro_batch_size.
+    temperature: the rollouts' sampling temperature. Policy, old and
+      reference log-probs (and the entropy) are computed from the logits
+      divided by it, so ratio, KL and entropy refer to the distribution the
+      completions were drawn from. 1 = the model's own logits (also used
+      for greedy rollouts, which have no tempered distribution).
+    tis_cap: truncated importance sampling; 0 = off. Above 0 each token's
+      policy-gradient (clipped surrogate) term is multiplied by
+      w = stop_gradient(min(exp(old_logp - sampler_logp), tis_cap)), where
+      old_logp is the trainer's log-prob of the policy that sampled (the
+      batch's old_logps, or this pass's own) and sampler_logp the
+      sampler's (batch['sampler_logps'], required). It corrects for a
+      sampler whose numerics differ from the trainer's (bfloat16, other
+      kernels, a remote sampler); the KL term is not weighted.
   """
 
   beta: float = 0.04
@@ -112,6 +136,8 @@ class StepHParams:
   micro_batch_size: int = 0
   remat: str = 'none'
   prompt_group: int = 1
+  temperature: float = 1.0
+  tis_cap: float = 0.0
 
   def __post_init__(self):
     _check_choice('kl_estimator', self.kl_estimator, KL_ESTIMATORS)
@@ -121,6 +147,13 @@ class StepHParams:
       raise ValueError(f'beta must be >= 0, got {self.beta}.')
     if self.epsilon < 0:
       raise ValueError(f'epsilon must be >= 0, got {self.epsilon}.')
+    if self.temperature <= 0:
+      raise ValueError(
+          f'temperature must be > 0, got {self.temperature}; greedy rollouts '
+          'use 1.'
+      )
+    if self.tis_cap < 0:
+      raise ValueError(f'tis_cap must be >= 0 (0 = off), got {self.tis_cap}.')
     if self.chunk_size < 1:
       raise ValueError(f'chunk_size must be >= 1, got {self.chunk_size}.')
     if self.micro_batch_size < 0:
@@ -143,7 +176,8 @@ def hparams_from_config(config: Any) -> StepHParams:
   """Builds StepHParams from a full agent_tunix config.
 
   `training.micro_batch_size` counts prompts; each prompt gives
-  `grpo.num_generations` rows, so the row count is their product.
+  `grpo.num_generations` rows, so the row count is their product. The
+  temperature is `generation.temperature` (1 when it is 0: greedy rollouts).
 
   Args:
     config: the ml_collections config (see configs/base.py).
@@ -165,6 +199,8 @@ def hparams_from_config(config: Any) -> StepHParams:
       prompt_group=(
           int(config.grpo.num_generations) if config.grpo.share_prompts else 1
       ),
+      temperature=float(config.generation.temperature or 1.0),
+      tis_cap=float(config.grpo.tis_cap),
   )
 
 
@@ -219,8 +255,9 @@ def chunked_token_logps(
     targets: jax.Array,
     chunk_size: int,
     compute_entropy: bool = False,
+    temperature: float = 1.0,
 ) -> tuple[jax.Array, jax.Array | None]:
-  """Log-probabilities of `targets` under logits = hidden @ embedding.T.
+  """Log-probabilities of `targets` under logits = hidden @ embedding.T / T.
 
   The sequence is processed `chunk_size` positions at a time with
   `lax.map`. With more than one chunk, each is rematerialised in the
@@ -230,16 +267,23 @@ def chunked_token_logps(
   would save no memory and cost one more [B, T, D] x [D, V] matmul. Logits
   are accumulated and normalised in float32.
 
+  The logits are divided by `temperature` (T) before the softmax, as the
+  sampler divides them before drawing a token, so log-probs and entropy are
+  those of the distribution the tokens were sampled from.
+
   Args:
     hidden: [B, T, D] final hidden states.
     embedding: [V, D] output embedding (tied input embedding for Gemma).
     targets: [B, T] int token ids.
     chunk_size: positions per chunk; T need not be a multiple of it.
     compute_entropy: also return the per-token entropy of the distribution.
+    temperature: T > 0, the sampling temperature (1 = the model's logits).
 
   Returns:
     (logps [B, T] float32, entropy [B, T] float32 or None).
   """
+  if temperature <= 0:
+    raise ValueError(f'temperature must be > 0, got {temperature}.')
   batch, length, dim = hidden.shape
   chunk = max(1, min(chunk_size, length))
   num_chunks = -(-length // chunk)
@@ -255,6 +299,8 @@ def chunked_token_logps(
     logits = jnp.einsum(
         'bcd,vd->bcv', h, embedding, preferred_element_type=jnp.float32
     )
+    if temperature != 1.0:
+      logits = logits / temperature
     lse = jax.nn.logsumexp(logits, axis=-1)
     picked = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
     logps = picked - lse
@@ -439,6 +485,7 @@ def per_token_logps(
     use_lora: bool = True,
     compute_entropy: bool = False,
     group: int = 1,
+    temperature: float = 1.0,
 ) -> tuple[jax.Array, jax.Array | None]:
   """Log-probs of the last `completion_len` tokens given what precedes them.
 
@@ -453,6 +500,8 @@ def per_token_logps(
     group: rows per shared prompt (contiguous); above 1, each prompt runs
       through the model once (`shared_prompt_hidden_states`) where
       `can_share_prompts` allows it.
+    temperature: the logits are divided by it before the softmax (the
+      sampling temperature; see `chunked_token_logps`).
 
   Returns:
     (logps [B, C] float32, entropy [B, C] float32 or None).
@@ -474,7 +523,8 @@ def per_token_logps(
   targets = tokens[:, length - completion_len :]
   embedding = model.embedder.input_embedding[...]
   return chunked_token_logps(
-      hidden, embedding, targets, chunk_size, compute_entropy=compute_entropy
+      hidden, embedding, targets, chunk_size, compute_entropy=compute_entropy,
+      temperature=temperature,
   )
 
 
@@ -532,6 +582,28 @@ def clipped_surrogate(
       (ratio > 1.0 + epsilon_high) & (adv > 0)
   )
   return loss, is_clipped
+
+
+def tis_weights(
+    trainer_logps: jax.Array, sampler_logps: jax.Array, cap: float
+) -> jax.Array:
+  """Truncated importance sampling weights, no gradient.
+
+  w = stop_gradient(min(exp(trainer_logps - sampler_logps), cap)): the
+  ratio of the trainer's probability of each sampled token to the
+  sampler's, capped so that a token the sampler found unlikely cannot blow
+  up the update.
+
+  Args:
+    trainer_logps: [B, C] the trainer's log-probs of the sampling policy.
+    sampler_logps: [B, C] the sampler's log-probs of the same tokens.
+    cap: upper bound of the weight (> 0).
+
+  Returns:
+    [B, C] float32 weights in (0, cap].
+  """
+  ratio = jnp.exp(trainer_logps - sampler_logps)
+  return jax.lax.stop_gradient(jnp.minimum(ratio, cap))
 
 
 def _agg_count(mask: jax.Array, mode: str) -> jax.Array:
@@ -808,6 +880,11 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
     (LoRA grads State, metrics dict).
   """
   logps_fn = logps_fn or per_token_logps
+  if hp.tis_cap > 0 and 'sampler_logps' not in batch:
+    raise ValueError(
+        f'tis_cap={hp.tis_cap} needs batch["sampler_logps"] (the sampler\'s '
+        'log-probs of the completion tokens); pass them or set tis_cap=0.'
+    )
   if hp.beta > 0 and 'ref_logps' not in batch:
     raise ValueError(
         f'beta={hp.beta} needs batch["ref_logps"]; compute them with '
@@ -834,6 +911,7 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
         use_lora=True,
         compute_entropy=True,
         group=hp.prompt_group,
+        temperature=hp.temperature,
     )
     micro_mask = micro['completion_mask'].astype(jnp.float32)
     old_logps = micro.get('old_logps')
@@ -846,10 +924,19 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
         hp.epsilon,
         hp.upper_epsilon,
     )
+    if hp.tis_cap > 0:
+      per_token = per_token * tis_weights(
+          old_logps, micro['sampler_logps'], hp.tis_cap
+      )
     sums = {
         'clip_ratio': (is_clipped * micro_mask).sum(),
         'entropy': (jax.lax.stop_gradient(entropy) * micro_mask).sum(),
     }
+    if 'sampler_logps' in micro:
+      # The trainer's log-probs of the policy that sampled: the old ones,
+      # or this pass's own (num_iterations = 1).
+      gap = jnp.abs(jax.lax.stop_gradient(old_logps) - micro['sampler_logps'])
+      sums[SAMPLER_GAP] = (gap * micro_mask).sum()
     if hp.beta > 0:
       kl = kl_divergence(logps, micro['ref_logps'], hp.kl_estimator)
       per_token = per_token + hp.beta * kl
@@ -870,6 +957,8 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
   zero_sums = {'clip_ratio': 0.0, 'entropy': 0.0}
   if hp.beta > 0:
     zero_sums['kl'] = 0.0
+  if 'sampler_logps' in micros:
+    zero_sums[SAMPLER_GAP] = 0.0
   init = (
       jnp.zeros((), jnp.float32),
       jax.tree.map(lambda x: jnp.zeros((), jnp.float32), zero_sums),
@@ -940,8 +1029,12 @@ def train_step(
 
   Returns:
     Scalar metrics: loss, clip_ratio (fraction of completion tokens clipped),
-    entropy (mean per completion token), grad_norm (before clipping) and,
-    when beta > 0, kl (mean per completion token).
+    entropy (mean per completion token), grad_norm (before clipping), when
+    beta > 0 kl (mean per completion token), and when the batch has
+    sampler_logps `sampler/logp_abs_diff`: the mean over completion tokens
+    of |sampler log-prob - trainer log-prob of the sampling policy| (the
+    old log-probs, or with none given this pass's own, which are the
+    policy that sampled when num_iterations = 1).
   """
   return run_train_step(
       lambda graphdefs: functools.partial(TRAIN_STEP(graphdefs), hp=hp),
@@ -1022,6 +1115,7 @@ def _logps(graphdefs, state, batch, hp, use_lora):
         hp.chunk_size,
         use_lora=use_lora,
         group=hp.prompt_group,
+        temperature=hp.temperature,
     )
     return logps
 

@@ -223,6 +223,7 @@ def update_batch(config, mesh, completion_len=None):
       'input_mask': ((rows, prompt + c), jnp.bool_),
       'completion_mask': ((rows, c), jnp.float32),
       'advantages': ((rows,), jnp.float32),
+      'sampler_logps': ((rows, c), jnp.float32),
   }
   if g.beta > 0:
     shapes['ref_logps'] = ((rows, c), jnp.float32)

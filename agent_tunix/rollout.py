@@ -1,15 +1,23 @@
 """Prompts -> G completions each, with tunix's JIT-compiled KV-cache sampler.
 
 Prompts arrive as token ids left-padded to one bucket length
-(`generation.max_prompt_length`) and completions are sampled for exactly
+(`generation.max_prompt_length`) and completions are sampled for at most
 `max_steps` positions, so prefill and decode compile once per
 (batch, bucket, length, temperature) and never per step. The decode loop
 exits early once every row has produced an end token.
 
+Stop sequences (`generation.stop_sequences`): a completion also ends at the
+token that completes the first stop text (kept in tokens and mask, like an
+end token; left out of the text). The sampler cannot see text, so with stop
+sequences the decode loop runs `decode_chunk_steps` steps at a time (the
+same compiled loop: only the step limit it reads changes), and between
+chunks the host decodes the rows and stops once every row has ended.
+
 The sampler's public `__call__` takes strings and drops the end token it
 stopped on; GRPO trains on that token too (it is how the policy learns to
 stop), so this module drives the sampler's prefill and decode functions on
-token ids directly and reads the raw token buffer.
+token ids directly and reads the raw token and log-prob buffers (the
+sampler's log-prob of every sampled token; see `Rollout.generate`).
 
 Shared prompts: GRPO samples G completions of every prompt. With
 `num_generations=G`, `generate` takes each prompt once, runs the prefill on
@@ -33,6 +41,7 @@ gets the completions of the rows it asks for (see `Rollout.generate`).
 import contextlib
 import dataclasses
 import functools
+import re
 
 from flax import nnx
 import jax
@@ -43,6 +52,7 @@ from tunix.generate import utils as sampler_utils
 
 from agent_tunix import sharding
 from agent_tunix.data import pipeline
+from agent_tunix.data import prompts as prompts_lib
 from agent_tunix.models import decode
 
 
@@ -53,8 +63,12 @@ class Completions:
   tokens: np.ndarray  # int32 [N, C], pad after the end token
   mask: np.ndarray  # float32 [N, C], 1 up to and including the end token
   lengths: np.ndarray  # int32 [N], tokens incl. the end token
-  truncated: np.ndarray  # bool [N], no end token within C
-  texts: list  # str [N], decoded, end token excluded
+  truncated: np.ndarray  # bool [N], no end token or stop text within C
+  texts: list  # str [N], decoded, end token and stop text excluded
+  # float32 [N, C]: the sampler's log-prob of each kept token (0 after the
+  # end), under the temperature-scaled distribution before the top-k /
+  # top-p cut (see `Rollout.generate`); None when not given.
+  logps: np.ndarray | None = None
 
 
 def end_token_ids(tokenizer):
@@ -64,6 +78,61 @@ def end_token_ids(tokenizer):
   if end_of_turn != tokenizer.unk_id():
     ids.append(end_of_turn)
   return ids
+
+
+_STOP_ESCAPES = {'n': '\n', 't': '\t', '|': '|', '\\': '\\'}
+
+
+def parse_stop_sequences(text):
+  """Stop texts from `generation.stop_sequences`' format.
+
+  Texts are separated by '|'; a backslash escapes '\\n' (newline), '\\t'
+  (tab), '\\|' and '\\\\'. '' means none. The format needs no comma or
+  quotes, so it passes through command-line overrides and preset
+  arguments as is: `--config.generation.stop_sequences='\\nQuestion:|###'`.
+
+  Args:
+    text: the config string (not 'auto'; see `stop_sequences_from_config`).
+
+  Returns:
+    Tuple of non-empty stop strings.
+
+  Raises:
+    ValueError: on an unknown escape or an empty stop text.
+  """
+  if not text:
+    return ()
+  stops, current = [], []
+  parts = re.split(r'(\\.?|\|)', text, flags=re.DOTALL)
+  for part in parts:
+    if part == '|':
+      stops.append(''.join(current))
+      current = []
+    elif part.startswith('\\'):
+      if part[1:] not in _STOP_ESCAPES:
+        raise ValueError(
+            f'generation.stop_sequences={text!r}: unknown escape {part!r}; '
+            'use \\n, \\t, \\| or \\\\.'
+        )
+      current.append(_STOP_ESCAPES[part[1:]])
+    else:
+      current.append(part)
+  stops.append(''.join(current))
+  if not all(stops):
+    raise ValueError(
+        f'generation.stop_sequences={text!r} has an empty stop text; '
+        "separate texts with single '|' and write none at either end."
+    )
+  return tuple(stops)
+
+
+def stop_sequences_from_config(config):
+  """`generation.stop_sequences` resolved: 'auto' is the template's own."""
+  text = config.generation.stop_sequences
+  if text == 'auto':
+    template = prompts_lib.resolve_template(config)
+    return prompts_lib.TEMPLATE_STOP_SEQUENCES[template]
+  return parse_stop_sequences(text)
 
 
 def repeat_groups(batch, num_generations):
@@ -83,7 +152,8 @@ def uses_cpu_decode_graph(model):
 class Rollout:
   """Samples completions from the current policy (LoRA included)."""
 
-  def __init__(self, model, tokenizer, cache_size, cpu_decode_graph=True):
+  def __init__(self, model, tokenizer, cache_size, cpu_decode_graph=True,
+               stop_sequences=(), decode_chunk_steps=16):
     """Builds tunix's sampler over `model`.
 
     Args:
@@ -92,9 +162,19 @@ class Rollout:
       cache_size: KV cache length (prompt bucket + completion length).
       cpu_decode_graph: on CPU, build the sampler from models.decode's graph
         (`config.generation.cpu_decode_graph`); ignored elsewhere.
+      stop_sequences: texts that end a completion (`stop_sequences_from_
+        config`); () = end tokens only.
+      decode_chunk_steps: with stop sequences, decode steps between the
+        host's checks whether every row has ended.
     """
+    if decode_chunk_steps < 1:
+      raise ValueError(
+          f'decode_chunk_steps={decode_chunk_steps} must be >= 1.'
+      )
     cfg = model.config
     self.tokenizer = tokenizer
+    self.stop_sequences = tuple(stop_sequences)
+    self.decode_chunk_steps = int(decode_chunk_steps)
     cache_config = sampler_lib.CacheConfig(
         cache_size=cache_size,
         num_layers=cfg.num_layers,
@@ -160,7 +240,15 @@ class Rollout:
         passing every prompt row repeated G times, at 1/G of the prefill.
 
     Returns:
-      `Completions` of the chosen rows.
+      `Completions` of the chosen rows, with the sampler's log-prob of each
+      sampled token (`Completions.logps`): log softmax(logits / temperature)
+      of the token, before the top-k / top-p cut (greedy: of the plain
+      logits). That is the distribution the trainer's log-probs refer to
+      (it never applies the cut), so the two differ only by numerics
+      (kernels, dtype, cache vs. full forward), which is what
+      `sampler/logp_abs_diff` measures and truncated importance sampling
+      corrects; the truncated distribution's log-prob would also differ
+      by its renormalisation, for every token.
     """
     prompt_tokens = np.asarray(prompt_tokens, dtype=np.int32)
     num_prompt = prompt_tokens.shape[1]
@@ -183,11 +271,46 @@ class Rollout:
       state = self._grouped_prefill(
           params, state, num_generations=num_generations
       )
-    state = sampler._compiled_decode_fn(params, state)  # pylint: disable=protected-access
+    state = self._decode(params, state, num_prompt + max_steps)
     buffer = sharding.to_host(state.token_buffer)[:, num_prompt:]
-    return self.completions_from_tokens(
-        buffer if rows is None else buffer[np.asarray(rows)]
-    )
+    logps = sharding.to_host(state.logprobs_buffer)[:, num_prompt:]
+    if rows is not None:
+      buffer, logps = buffer[np.asarray(rows)], logps[np.asarray(rows)]
+    return self.completions_from_tokens(buffer, logps)
+
+  def _decode(self, params, state, total_steps):
+    """Runs the decode loop until every row has ended or `total_steps`.
+
+    Without stop sequences the compiled loop runs once (it exits early
+    when every row has an end token). With them it runs
+    `decode_chunk_steps` steps at a time: the loop's step limit is a
+    traced value of the state (`total_sampling_steps`), so every chunk runs
+    the same compiled program; between chunks the host decodes the tokens
+    so far and stops when each row has an end token or a stop text.
+
+    Args:
+      params: the sampler's flattened transformer state.
+      state: the sampling state after the prefill.
+      total_steps: prompt bucket + completion length.
+
+    Returns:
+      The final sampling state.
+    """
+    decode_loop = self.sampler._compiled_decode_fn  # pylint: disable=protected-access
+    if not self.stop_sequences:
+      return decode_loop(params, state)
+    num_prompt = int(state.num_input_tokens)
+    step = num_prompt  # The prefill wrote position num_prompt.
+    while step < total_steps:
+      step = min(step + self.decode_chunk_steps, total_steps)
+      state = decode_loop(params, state.replace(total_sampling_steps=step))
+      # The loop writes position s + 1 at step s: up to `step` now.
+      raw = sharding.to_host(state.token_buffer)[:, num_prompt:step + 1]
+      ends = ending_tokens(raw, self.end_ids, self.tokenizer,
+                           self.stop_sequences)
+      if (ends < raw.shape[1]).all():
+        break
+    return state
 
   def init_state(self, prompt_tokens, total_steps, seed, **sampling):
     """tunix's initial sampling state, with its arrays placed on the mesh.
@@ -239,6 +362,7 @@ class Rollout:
         forbidden_token_ids=None,
         seed=jax.random.PRNGKey(seed),
         beam_size=None,
+        include_logprobs=True,
         **sampling,
     )
 
@@ -274,9 +398,11 @@ class Rollout:
         top_k=None,
         seed=key,
         beam_size=None,
+        include_logprobs=True,
     )
     arrays = {
         'token_buffer': state.token_buffer,
+        'logprobs_buffer': state.logprobs_buffer,
         'positions': state.positions,
         'cache': state.cache,
         'done': state.done,
@@ -358,6 +484,7 @@ class Rollout:
     cache = jax.tree.map(grouped, cache)
     state = state.replace(
         token_buffer=grouped(state.token_buffer),
+        logprobs_buffer=grouped(state.logprobs_buffer),
         positions=grouped(state.positions),
         done=grouped(state.done),
         cache=cache,
@@ -370,33 +497,103 @@ class Rollout:
     )
     # pylint: enable=protected-access
 
-  def completions_from_tokens(self, raw):
-    """Cuts raw sampled tokens [N, C] at the first end token."""
-    return completions_from_tokens(raw, self.end_ids, self.tokenizer)
+  def completions_from_tokens(self, raw, logps=None):
+    """Cuts raw sampled tokens [N, C] at the first end token or stop."""
+    return completions_from_tokens(raw, self.end_ids, self.tokenizer, logps,
+                                   self.stop_sequences)
 
 
-def completions_from_tokens(raw, end_ids, tokenizer):
-  """Cuts raw sampled tokens [N, C] at each row's first end token.
+def _first_stop(text, stop_sequences):
+  """Where the earliest stop text starts in `text`, or None."""
+  found = [i for i in (text.find(s) for s in stop_sequences) if i >= 0]
+  return min(found) if found else None
+
+
+def _stop_token(row, tokenizer, stop_sequences):
+  """Index of the token of `row` that completes the first stop text.
+
+  The smallest t whose prefix row[:t + 1] decodes to a text holding a stop
+  text (a prefix's text only grows with t), found by bisection; None when
+  the whole row holds none.
+  """
+  decode_has_stop = lambda t: _first_stop(
+      tokenizer.decode(row[:t + 1].tolist()), stop_sequences) is not None
+  if not len(row) or not decode_has_stop(len(row) - 1):
+    return None
+  lo, hi = 0, len(row) - 1
+  while lo < hi:
+    mid = (lo + hi) // 2
+    if decode_has_stop(mid):
+      hi = mid
+    else:
+      lo = mid + 1
+  return lo
+
+
+def ending_tokens(raw, end_ids, tokenizer, stop_sequences=()):
+  """Per row of raw [N, C]: the index of its last token, C if unended.
+
+  A row ends at its first end token, or earlier at the token that completes
+  its first stop text.
 
   Args:
-    raw: int [N, C] sampled token ids (whatever follows an end token is
-      ignored).
+    raw: int [N, C] sampled token ids.
     end_ids: token ids that end a completion (see `end_token_ids`).
     tokenizer: has `decode(list[int]) -> str`.
+    stop_sequences: stop texts.
 
   Returns:
-    `Completions`: the end token is kept in tokens, mask and lengths (the
-    policy learns to stop from it) but not in the texts; positions after it
-    hold the pad id.
+    int [N] indices in [0, C].
   """
   raw = np.asarray(raw, dtype=np.int32)
   n, c = raw.shape
   is_end = np.isin(raw, end_ids)
-  has_end = is_end.any(axis=1)
-  first_end = np.where(has_end, is_end.argmax(axis=1), c)
-  lengths = np.where(has_end, first_end + 1, c).astype(np.int32)
+  last = np.where(is_end.any(axis=1), is_end.argmax(axis=1), c)
+  if stop_sequences:
+    for i in range(n):
+      stop = _stop_token(raw[i, :last[i]], tokenizer, stop_sequences)
+      if stop is not None:
+        last[i] = stop
+  return last
+
+
+def completions_from_tokens(raw, end_ids, tokenizer, logps=None,
+                            stop_sequences=()):
+  """Cuts raw sampled tokens [N, C] at each row's end.
+
+  A row ends at its first end token, or earlier at the token that completes
+  its first stop text (`ending_tokens`).
+
+  Args:
+    raw: int [N, C] sampled token ids (whatever follows the end is
+      ignored).
+    end_ids: token ids that end a completion (see `end_token_ids`).
+    tokenizer: has `decode(list[int]) -> str`.
+    logps: float [N, C] the sampler's log-probs of `raw`, or None.
+    stop_sequences: stop texts (see `parse_stop_sequences`).
+
+  Returns:
+    `Completions`: the end token, or the tokens of the stop text, are kept
+    in tokens, mask and lengths (the policy learns to stop from them) but
+    not in the texts, which rewards score; positions after the end hold the
+    pad id (and log-prob 0), out of rewards, log-probs and loss.
+  """
+  raw = np.asarray(raw, dtype=np.int32)
+  n, c = raw.shape
+  last = ending_tokens(raw, end_ids, tokenizer, stop_sequences)
+  ended = last < c
+  lengths = np.where(ended, last + 1, c).astype(np.int32)
   positions = np.arange(c)[None, :]
   mask = (positions < lengths[:, None]).astype(np.float32)
   tokens = np.where(mask > 0, raw, pipeline.PAD_ID).astype(np.int32)
-  texts = [tokenizer.decode(raw[i, :first_end[i]].tolist()) for i in range(n)]
-  return Completions(tokens, mask, lengths, ~has_end, texts)
+  texts = []
+  for i in range(n):
+    if ended[i] and np.isin(raw[i, last[i]], end_ids):
+      texts.append(tokenizer.decode(raw[i, :last[i]].tolist()))
+      continue
+    text = tokenizer.decode(raw[i, :lengths[i]].tolist())
+    stop = _first_stop(text, stop_sequences) if ended[i] else None
+    texts.append(text if stop is None else text[:stop])
+  if logps is not None:
+    logps = np.where(mask > 0, logps, 0.0).astype(np.float32)
+  return Completions(tokens, mask, lengths, ~ended, texts, logps)

@@ -82,6 +82,8 @@ def setup(config, workdir, with_data=True):
   sampler = rollout.Rollout(
       model, tokenizer, config.generation.kv_cache_size,
       cpu_decode_graph=config.generation.cpu_decode_graph,
+      stop_sequences=rollout.stop_sequences_from_config(config),
+      decode_chunk_steps=config.generation.decode_chunk_steps,
   )
   # The optimizer steps num_iterations (mu) times per training step, so the
   # schedule spans num_steps * mu optimizer updates.
@@ -162,6 +164,8 @@ def rollout_batch(session, batch, step):
       ),
       'completion_mask': out.mask,
       'advantages': advantages.astype(np.float32),
+      # The update logs sampler/logp_abs_diff from these.
+      'sampler_logps': out.logps,
   }
   samples = (prompts, out.texts, total)
   return update, scalars, samples, gen_tokens

@@ -137,6 +137,11 @@ def get_config(arg=None):
   # Sequence chunk for per-token log-probs, so [B, T, vocab] logits are never
   # materialised whole.
   config.grpo.logps_chunk_size = 64
+  # Truncated importance sampling cap; 0 = off. Above 0 each token's
+  # policy-gradient term is weighted by min(exp(trainer logp - sampler
+  # logp), tis_cap) (no gradient through the weight), for a sampler whose
+  # numerics differ from the trainer's (bfloat16, other kernels).
+  config.grpo.tis_cap = 0.0
   # Reference and update passes: run each prompt through the model once for
   # its G completions instead of once per completion, when prompt +
   # completion fits in the model's sliding window (otherwise every row runs
@@ -149,12 +154,25 @@ def get_config(arg=None):
   config.generation.max_prompt_length = 256
   # Completion tokens sampled per rollout.
   config.generation.max_generation_steps = 256
-  # Sampling temperature for rollouts (evaluation is greedy).
+  # Sampling temperature for rollouts (evaluation is greedy). The update's
+  # log-probs, KL and entropy use the logits divided by it too (0: plain
+  # logits).
   config.generation.temperature = 0.9
   # Top-k for rollouts; 0 = off.
   config.generation.top_k = 50
   # Top-p for rollouts; 1.0 = off.
   config.generation.top_p = 1.0
+  # Texts that end a completion (kept in its tokens and loss, cut from the
+  # text that rewards score; later tokens are masked out). Several are
+  # separated by '|'; write a newline as \n (also \t, \| and \\). 'auto':
+  # the template's own: '\nQuestion:' for 'plain' (the next few-shot example,
+  # so a pretrained model writes one answer), none for 'chat' (<end_of_turn>
+  # ends it); '' = end tokens only.
+  config.generation.stop_sequences = 'auto'
+  # With stop sequences, decode steps between the host's checks whether every
+  # row has ended (the decode loop then stops; it compiles once for any
+  # chunk).
+  config.generation.decode_chunk_steps = 16
   # KV cache length; must be >= max_prompt_length + max_generation_steps.
   config.generation.kv_cache_size = 1024
   # On CPU, sample with agent_tunix/models/decode.py's graph: tunix's

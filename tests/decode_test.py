@@ -295,3 +295,44 @@ def test_rollout_samples_with_block_top_k(monkeypatch):
   assert len(calls) == 1
   np.testing.assert_array_equal(got.tokens, want.tokens)
   assert len(np.unique(got.tokens)) > 10  # Sampled, not one repeated token.
+
+
+@pytest.fixture(scope='module')
+def lora_model():
+  return _lora_model()
+
+
+@pytest.mark.parametrize('cpu_graph, temperature, top_k', [
+    (True, 0.8, 8), (False, 0.8, 8), (True, 0.0, 0)])
+def test_sampler_logps_are_the_trainers(lora_model, cpu_graph, temperature,
+                                        top_k):
+  """Both sampler graphs return each sampled token's log-prob: in float32
+  the trainer's log-prob of the token (logits / temperature, before the
+  top-k cut; greedy: plain logits), past the sliding window. Measured: at
+  most 2e-6 apart."""
+  model, tokenizer = lora_model
+  prompts = _prompts(2)
+  g = 2
+  sampler = rollout.Rollout(model, tokenizer, _PROMPT_LEN + _STEPS,
+                            cpu_decode_graph=cpu_graph)
+  assert sampler.cpu_decode_graph == cpu_graph
+  out = sampler.generate(prompts, _STEPS, seed=3, temperature=temperature,
+                         top_k=top_k, num_generations=g)
+  assert out.logps.shape == out.tokens.shape and out.logps.dtype == np.float32
+  rows = np.repeat(prompts, g, axis=0)
+  batch = {
+      'tokens': np.concatenate([rows, out.tokens], axis=1),
+      'input_mask': np.concatenate([rows != 0, out.mask > 0], axis=1),
+      'completion_mask': out.mask,
+  }
+  from agent_tunix import grpo  # pylint: disable=g-import-not-at-top
+  hp = grpo.StepHParams(chunk_size=8, temperature=temperature or 1.0)
+  want = np.asarray(grpo.policy_logps(model, batch, hp))
+  kept = out.mask > 0
+  assert kept.sum() > 2 * g * 10 and (out.logps[kept] < 0).all()
+  np.testing.assert_allclose(out.logps[kept], want[kept], rtol=0, atol=1e-4)
+  assert (out.logps[~kept] == 0).all()
+  if temperature:  # The tempered distribution, not the model's own.
+    plain = np.asarray(grpo.policy_logps(
+        model, batch, dataclasses.replace(hp, temperature=1.0)))
+    assert np.abs(plain[kept] - out.logps[kept]).max() > 1e-2

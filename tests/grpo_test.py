@@ -148,8 +148,9 @@ def test_group_advantages_rejects_bad_input():
 # --------------------------------------------------------------- log-probs
 
 
-def _numpy_logps_and_entropy(hidden, embedding, targets):
+def _numpy_logps_and_entropy(hidden, embedding, targets, temperature=1.0):
   logits = np.einsum('btd,vd->btv', hidden, embedding).astype(np.float64)
+  logits /= temperature
   logits -= logits.max(axis=-1, keepdims=True)
   logp_all = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
   picked = np.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]
@@ -157,25 +158,31 @@ def _numpy_logps_and_entropy(hidden, embedding, targets):
   return picked, entropy
 
 
-@pytest.mark.parametrize('chunk_size', [3, 7, 10])
-def test_chunked_token_logps_matches_full_softmax(chunk_size):
+@pytest.mark.parametrize('chunk_size, temperature',
+                         [(3, 1.0), (7, 1.0), (10, 1.0), (3, 0.6), (10, 1.7)])
+def test_chunked_token_logps_matches_full_softmax(chunk_size, temperature):
   rng = np.random.default_rng(0)
   hidden = rng.normal(size=(2, 7, 8)).astype(np.float32)
   embedding = rng.normal(size=(11, 8)).astype(np.float32)
   targets = rng.integers(0, 11, size=(2, 7)).astype(np.int32)
   chunked = jax.jit(
       grpo.chunked_token_logps, static_argnames=('chunk_size',
-                                                 'compute_entropy'))
+                                                 'compute_entropy',
+                                                 'temperature'))
   logps, entropy = chunked(
       jnp.asarray(hidden),
       jnp.asarray(embedding),
       jnp.asarray(targets),
       chunk_size=chunk_size,
       compute_entropy=True,
+      temperature=temperature,
   )
   want_logps, want_entropy = _numpy_logps_and_entropy(
-      hidden, embedding, targets
+      hidden, embedding, targets, temperature
   )
+  if temperature != 1.0:  # The tempered distribution is another one.
+    untempered, _ = _numpy_logps_and_entropy(hidden, embedding, targets)
+    assert np.abs(untempered - want_logps).max() > 0.1
   assert logps.dtype == jnp.float32 and logps.shape == (2, 7)
   np.testing.assert_allclose(logps, want_logps, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(entropy, want_entropy, rtol=1e-5, atol=1e-5)
@@ -354,8 +361,14 @@ def test_hparams_from_base_config():
   assert hp.remat == config.model.remat
   assert config.grpo.share_prompts
   assert hp.prompt_group == config.grpo.num_generations
+  assert hp.temperature == config.generation.temperature == 0.9
+  assert hp.tis_cap == config.grpo.tis_cap == 0.0
   config.grpo.share_prompts = False
   assert grpo.hparams_from_config(config).prompt_group == 1
+  config.generation.temperature = 0.0  # Greedy rollouts: the plain logits.
+  assert grpo.hparams_from_config(config).temperature == 1.0
+  with pytest.raises(ValueError, match='temperature must be > 0'):
+    grpo.StepHParams(temperature=0.0)
 
 
 # ---------------------------------------------------------------- the model
@@ -392,6 +405,147 @@ def test_per_token_logps_matches_model_logits(abstract_lora_model):
   np.testing.assert_allclose(entropy, want_entropy, rtol=1e-4, atol=1e-4)
   # Hidden states are captured, not left behind on the model.
   assert not nnx.state(model, nnx.Intermediate)
+
+
+@pytest.mark.parametrize('use_lora', [True, False])
+def test_logps_passes_use_the_sampling_temperature(abstract_lora_model,
+                                                   use_lora):
+  """Policy and reference log-probs: the model's logits / temperature."""
+  model = _lora_model(abstract_lora_model)
+  batch = _batch()
+  completion_len = batch['completion_mask'].shape[1]
+  temperature = 0.7
+  hp = grpo.StepHParams(chunk_size=4, micro_batch_size=2,
+                        temperature=temperature)
+  passes = grpo.policy_logps if use_lora else grpo.reference_logps
+  got = np.asarray(passes(model, batch, hp))
+  model_cls = type(model)
+  if not use_lora:
+    model_cls = model_cls._unquantized_type  # pylint: disable=protected-access
+  logits, _ = nnx.jit(lambda m, t, mask: model_cls.__call__(
+      m, t, grpo.positions_from_mask(mask), None,
+      grpo.causal_attention_mask(mask)))(
+          model, batch['tokens'], batch['input_mask'])
+  logits = np.asarray(logits, np.float64)[:, -completion_len - 1 : -1]
+  targets = np.asarray(batch['tokens'])[:, -completion_len:]
+
+  def numpy_logps(t):
+    scaled = logits / t
+    scaled -= scaled.max(-1, keepdims=True)
+    logp_all = scaled - np.log(np.exp(scaled).sum(-1, keepdims=True))
+    return np.take_along_axis(logp_all, targets[..., None], -1)[..., 0]
+
+  np.testing.assert_allclose(got, numpy_logps(temperature), rtol=1e-4,
+                             atol=1e-4)
+  assert np.abs(got - numpy_logps(1.0)).max() > 1e-2
+
+
+def test_update_entropy_is_the_tempered_distributions(full_batch_reference):
+  """The update's entropy metric (and log-probs) follow hp.temperature."""
+  model, batch, _ = full_batch_reference
+  base = dict(micro_batch_size=2, **_LOSS_HP)
+  completion_len = batch['completion_mask'].shape[1]
+  mask = np.asarray(batch['completion_mask'])
+  for temperature in (0.5, 2.0):
+    hp = grpo.StepHParams(temperature=temperature, **base)
+    _, metrics = grpo.compute_grads(model, batch, hp)
+
+    @nnx.jit
+    def entropy(model, t=temperature):
+      return grpo.per_token_logps(
+          model, batch['tokens'], batch['input_mask'], completion_len, 3,
+          compute_entropy=True, temperature=t)[1]
+
+    want = (np.asarray(entropy(model)) * mask).sum() / mask.sum()
+    np.testing.assert_allclose(metrics['entropy'], want, rtol=1e-4)
+  # Higher temperature: a flatter distribution.
+  low = grpo.compute_grads(model, batch, grpo.StepHParams(
+      temperature=0.5, **base))[1]['entropy']
+  high = grpo.compute_grads(model, batch, grpo.StepHParams(
+      temperature=2.0, **base))[1]['entropy']
+  assert float(high) > float(low) + 0.1
+
+
+def test_sampler_gap_metric(full_batch_reference):
+  """sampler/logp_abs_diff: mean |sampler - trainer| over completion tokens,
+  the trainer being the old log-probs, or the pass's own without them."""
+  model, batch, _ = full_batch_reference
+  hp = grpo.StepHParams(micro_batch_size=2, **_LOSS_HP)
+  mask = np.asarray(batch['completion_mask'])
+  rng = np.random.default_rng(5)
+  sampler = np.asarray(batch['old_logps']) + rng.normal(
+      0, 0.1, mask.shape).astype(np.float32)
+  sampler = np.where(mask > 0, sampler, 0.0).astype(np.float32)
+  with_old = dict(batch, sampler_logps=jnp.asarray(sampler))
+  metrics = grpo.compute_grads(model, with_old, hp)[1]
+  want = (np.abs(np.asarray(batch['old_logps']) - sampler) * mask).sum()
+  np.testing.assert_allclose(metrics[grpo.SAMPLER_GAP], want / mask.sum(),
+                             rtol=1e-5)
+  # Without old log-probs (num_iterations = 1): the current policy's.
+  current = np.asarray(grpo.policy_logps(model, batch, hp))
+  no_old = {k: v for k, v in with_old.items() if k != 'old_logps'}
+  no_old['sampler_logps'] = jnp.asarray(current + 0.25 * mask)
+  metrics = grpo.compute_grads(model, no_old, hp)[1]
+  np.testing.assert_allclose(metrics[grpo.SAMPLER_GAP], 0.25, rtol=1e-3)
+  # Without sampler log-probs there is nothing to compare.
+  assert grpo.SAMPLER_GAP not in grpo.compute_grads(model, batch, hp)[1]
+
+
+def test_tis_weights_match_numpy():
+  rng = np.random.default_rng(3)
+  trainer = rng.normal(-2, 1, (3, 6)).astype(np.float32)
+  sampler = (trainer + rng.normal(0, 0.7, (3, 6))).astype(np.float32)
+  cap = 1.5
+  want = np.minimum(np.exp(trainer.astype(np.float64) - sampler), cap)
+  assert (want == cap).any() and (want < 1).any()  # Both sides of the cap.
+  got = grpo.tis_weights(jnp.asarray(trainer), jnp.asarray(sampler), cap)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  # A weight, not a term to optimise: no gradient flows through it.
+  grad = jax.grad(lambda t: grpo.tis_weights(t, sampler, cap).sum())(
+      jnp.asarray(trainer))
+  np.testing.assert_array_equal(grad, np.zeros_like(trainer))
+
+
+def test_tis_weights_only_the_policy_gradient_term(full_batch_reference):
+  """With tis_cap the loss is sum(mask * (w * surrogate + beta * kl)) / n,
+  w = min(exp(old - sampler), cap) from NumPy; grads and loss match."""
+  model, batch, reference = full_batch_reference
+  (plain_loss, _), _ = reference['token-mean']
+  mask = np.asarray(batch['completion_mask'])
+  old = np.asarray(batch['old_logps'])
+  rng = np.random.default_rng(4)
+  sampler = (old + rng.normal(0, 0.5, old.shape)).astype(np.float32)
+  cap = 1.3
+  weights = np.minimum(np.exp(old.astype(np.float64) - sampler), cap)
+  assert ((weights == cap) & (mask > 0)).any()
+  graphdef, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
+  completion_len = mask.shape[1]
+
+  @jax.jit
+  def reference_loss(lora):
+    logps, _ = grpo.per_token_logps(
+        nnx.merge(graphdef, lora, rest), batch['tokens'], batch['input_mask'],
+        completion_len, chunk_size=completion_len,
+    )
+    surrogate, _ = grpo.clipped_surrogate(
+        logps, batch['old_logps'], batch['advantages'], 0.2, 0.3
+    )
+    kl = grpo.kl_divergence(logps, batch['ref_logps'], 'k3')
+    per_token = jnp.asarray(weights, jnp.float32) * surrogate + 0.1 * kl
+    return (per_token * mask).sum() / mask.sum()
+
+  want_loss, want_grads = jax.value_and_grad(reference_loss)(lora)
+  hp = grpo.StepHParams(micro_batch_size=2, tis_cap=cap, **_LOSS_HP)
+  tis_batch = dict(batch, sampler_logps=jnp.asarray(sampler))
+  grads, metrics = grpo.compute_grads(model, tis_batch, hp)
+  np.testing.assert_allclose(metrics['loss'], want_loss, rtol=1e-4)
+  assert abs(float(metrics['loss']) - float(plain_loss)) > 1e-3
+  for want, got in zip(jax.tree.leaves(want_grads), jax.tree.leaves(grads)):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match='tis_cap=1.3 needs'):
+    grpo.compute_grads(model, batch, hp)
+  with pytest.raises(ValueError, match='tis_cap must be >= 0'):
+    grpo.StepHParams(tis_cap=-1.0)
 
 
 def test_reference_is_base_model_without_lora(abstract_lora_model):

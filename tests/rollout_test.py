@@ -82,10 +82,14 @@ _STEPS = 6
 
 
 @pytest.fixture(scope='module')
-def tiny_rollout():
+def tiny_model():
   config = tiny.get_config()
-  mesh = sharding.make_mesh(config.mesh)
-  model, tokenizer = models.build(config, mesh)
+  return models.build(config, sharding.make_mesh(config.mesh))
+
+
+@pytest.fixture(scope='module')
+def tiny_rollout(tiny_model):
+  model, tokenizer = tiny_model
   return rollout.Rollout(model, tokenizer, cache_size=32), tokenizer
 
 
@@ -194,3 +198,133 @@ def test_cpu_decode_graph_only_in_the_sampler(tiny_rollout, prompts):
     want = plain.generate(prompts, _STEPS, seed=5, **sampling)
     got = live.generate(prompts, _STEPS, seed=5, **sampling)
     np.testing.assert_array_equal(got.tokens, want.tokens)
+
+
+# ----------------------------------------------------------- stop sequences
+
+
+class _PieceTokenizer:
+  """decode() joins fixed pieces: stop texts can span tokens."""
+
+  PIECES = {10: 'ab', 11: '\nQ', 12: 'uestion: 7', 13: 'x', 14: '\n',
+            15: 'Question:'}
+
+  def decode(self, ids):
+    return ''.join(self.PIECES.get(i, '') for i in ids)
+
+
+def test_stop_text_ends_the_completion_at_the_token_completing_it():
+  stops = ('\nQuestion:',)
+  raw = np.array([
+      [10, 11, 12, 13, 13],  # Completed inside token 12 ('uestion: 7').
+      [10, 14, 15, 13, 13],  # '\n' then 'Question:': ends at token 15.
+      [10, 14, EOS, 15, 13],  # The end token comes first.
+      [10, 13, 13, 13, 13],  # Neither: truncated.
+      [14, 15, 14, 15, 13],  # The first occurrence counts.
+  ])
+  logps = -np.arange(1, 26, dtype=np.float32).reshape(5, 5) / 10
+  out = rollout.completions_from_tokens(
+      raw, [EOS, END_OF_TURN], _PieceTokenizer(), logps, stops)
+  np.testing.assert_array_equal(out.lengths, [3, 3, 3, 5, 2])
+  np.testing.assert_array_equal(out.truncated,
+                                [False, False, False, True, False])
+  np.testing.assert_array_equal(out.mask.sum(axis=1), out.lengths)
+  np.testing.assert_array_equal(out.tokens[0], [10, 11, 12, PAD, PAD])
+  np.testing.assert_array_equal(out.tokens[4], [14, 15, PAD, PAD, PAD])
+  # The stop text is kept in the tokens, cut from the texts rewards score.
+  assert out.texts == ['ab', 'ab', 'ab\n', 'abxxxx', '']
+  np.testing.assert_array_equal(out.logps, np.where(out.mask > 0, logps, 0))
+  # Without stop sequences: end tokens only.
+  plain = rollout.completions_from_tokens(
+      raw, [EOS, END_OF_TURN], _PieceTokenizer())
+  np.testing.assert_array_equal(plain.lengths, [5, 5, 3, 5, 5])
+
+
+def test_parse_stop_sequences():
+  assert rollout.parse_stop_sequences('') == ()
+  assert rollout.parse_stop_sequences(r'\nQuestion:|###') == (
+      '\nQuestion:', '###')
+  assert rollout.parse_stop_sequences(r'a\|b|c\\d\te') == ('a|b', 'c\\d\te')
+  for bad, match in ((r'a||b', 'empty stop text'), ('a|', 'empty stop text'),
+                     (r'a\q', 'unknown escape'), ('a\\', 'unknown escape')):
+    with pytest.raises(ValueError, match=match):
+      rollout.parse_stop_sequences(bad)
+
+
+def test_stop_sequences_from_config():
+  from agent_tunix import config_lib  # pylint: disable=g-import-not-at-top
+  from configs import gemma3_270m  # pylint: disable=g-import-not-at-top
+  config = gemma3_270m.get_config()  # Plain few-shot template.
+  assert rollout.stop_sequences_from_config(config) == ('\nQuestion:',)
+  # The plain prompt's next example starts with the stop text.
+  from agent_tunix.data import prompts  # pylint: disable=g-import-not-at-top
+  assert '\n\nQuestion: ' in prompts.plain_prompt('q', '')
+  assert rollout.stop_sequences_from_config(tiny.get_config()) == ()  # Chat.
+  config.generation.stop_sequences = r'\n\n|END'
+  assert rollout.stop_sequences_from_config(config) == ('\n\n', 'END')
+  config.generation.stop_sequences = ''
+  assert rollout.stop_sequences_from_config(config) == ()
+  config.generation.stop_sequences = 'a||b'
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"config.generation.stop_sequences='a\|\|b'"):
+    config_lib.validate(config, num_devices=1)
+
+
+def _linear_stop_end(tokenizer, row, stop):
+  """Reference: the first t whose prefix's text holds `stop` (None)."""
+  for t in range(len(row)):
+    if stop in tokenizer.decode(row[:t + 1].tolist()):
+      return t
+  return None
+
+
+@pytest.mark.parametrize('cpu_graph', [True, False])
+def test_stop_sequences_on_the_tiny_model(tiny_model, tiny_rollout, prompts,
+                                          cpu_graph):
+  """Stop texts the tiny model emits end its completions at the exact token,
+  and the chunked decode loop stops early without compiling again."""
+  model, tokenizer = tiny_model
+  sampler, _ = tiny_rollout
+  steps = 12
+  free = sampler.generate(prompts, steps, seed=0)  # Greedy, no stops.
+  assert free.lengths.min() > 4  # No end token early: the stops end rows.
+  # One stop text per distinct prompt (rows 0 and 2), from tokens 2..3.
+  stops = tuple(tokenizer.decode(free.tokens[r, 2:4].tolist())
+                for r in (0, 2))
+  assert all(stops), stops
+  stopping = rollout.Rollout(
+      model, tokenizer, cache_size=32, cpu_decode_graph=cpu_graph,
+      stop_sequences=stops, decode_chunk_steps=2)
+  assert stopping.cpu_decode_graph == cpu_graph
+  decode_loop = stopping.sampler._compiled_decode_fn  # pylint: disable=protected-access
+  limits = []
+
+  def counted(params, state):
+    limits.append(int(state.total_sampling_steps))
+    return decode_loop(params, state)
+
+  stopping.sampler._compiled_decode_fn = counted  # pylint: disable=protected-access
+  out = stopping.generate(prompts, steps, seed=0)
+  ends = []
+  for r in range(len(prompts)):
+    want = min(_linear_stop_end(tokenizer, free.tokens[r], s) or steps
+               for s in stops)
+    assert want <= 3
+    ends.append(want)
+    assert out.lengths[r] == want + 1, r
+    np.testing.assert_array_equal(out.tokens[r, :want + 1],
+                                  free.tokens[r, :want + 1])
+    assert (out.tokens[r, want + 1:] == PAD).all()
+    assert (out.mask[r, want + 1:] == 0).all()
+    assert (out.logps[r, want + 1:] == 0).all()
+    assert not any(stop in out.texts[r] for stop in stops)
+    text = tokenizer.decode(free.tokens[r, :want + 1].tolist())
+    assert text.startswith(out.texts[r])
+  assert not out.truncated.any()
+  # The prefill samples token 0; chunk k (2 steps) samples up to token 2k.
+  # The loop stops after the chunk in which the last row ended, not after
+  # all 6, and every chunk ran the one compiled loop.
+  prompt_len = prompts.shape[1]
+  chunks = max(1, -(-max(ends) // 2))
+  assert limits == [prompt_len + 2 * (k + 1) for k in range(chunks)]
+  assert decode_loop._cache_size() == 1  # pylint: disable=protected-access

@@ -33,7 +33,7 @@ _PER_STEP_SCALARS = (
     'frac_reward_zero_std', 'completion/mean_length',
     'completion/clipped_ratio', 'loss', 'kl', 'clip_ratio', 'entropy',
     'grad_norm', 'learning_rate', 'time/rollout_s', 'time/update_s',
-    'tokens_per_s',
+    'tokens_per_s', 'sampler/logp_abs_diff',
 )
 _EVAL_SCALARS = (
     'eval/accuracy', 'eval/accuracy_stderr', 'eval/format_accuracy',
@@ -104,6 +104,8 @@ def test_event_file_has_every_metric(run):
   # Varied rewards: this run trains on non-zero advantages.
   assert events['reward/std'][1][0] > 0
   assert events['grad_norm'][1][0] > 0
+  # float32 on CPU: sampler and trainer agree on the sampled tokens.
+  assert 0 <= events['sampler/logp_abs_diff'][1][0] < 1e-3
   assert events['learning_rate'][1][0] == pytest.approx(
       config.optimizer.learning_rate)
   (_, plugin, content), = events['_hparams_/session_start_info'].values()

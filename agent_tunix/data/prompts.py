@@ -16,6 +16,11 @@
     `<reasoning>`. (A newline rather than a trailing space keeps the
     continuation tokenised the same way as in the examples.)
   * 'auto': 'chat' when model.preset ends with '_it', else 'plain'.
+
+Where a completion ends (`generation.stop_sequences='auto'`): with 'chat',
+at `<end_of_turn>` (an end token; no stop text needed); with 'plain', at
+the start of the next few-shot example (`TEMPLATE_STOP_SEQUENCES`): a
+pretrained model that has answered goes on with the next 'Question:'.
 """
 
 TEMPLATES = ('auto', 'chat', 'plain')
@@ -36,6 +41,10 @@ FEW_SHOT_EXAMPLES = (
         '80',
     ),
 )
+
+
+# Stop texts per resolved template: what starts the next example.
+TEMPLATE_STOP_SEQUENCES = {'chat': (), 'plain': ('\nQuestion:',)}
 
 
 def format_answer(reasoning, answer):
