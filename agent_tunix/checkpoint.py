@@ -302,6 +302,18 @@ class Checkpointer:
     return (step not in self._manager.all_steps()
             and self._manager.should_save(step))
 
+  def will_save(self, step, force=False):
+    """True if `save(step, ..., force=force)` would do more than return.
+
+    That is: write the step, or warn that it exists on disk already.
+    """
+    step = int(step)
+    if step in self._saved_steps:
+      return False
+    if step in self._manager.all_steps():
+      return True
+    return force or self._manager.should_save(step)
+
   def save(self, step, lora_state, opt_state, data_iter, meta, force=False):  # pylint: disable=redefined-outer-name
     """Saves one step if the save policy (or `force`) says so.
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from agent_tunix import checkpoint
 from agent_tunix import config_lib
+from agent_tunix import divergence
 from agent_tunix import evaluation
 from agent_tunix import grpo
 from agent_tunix import metrics as metrics_lib
@@ -62,6 +63,7 @@ class Session:
   eval_set: list
   train_iter: object = None
   data_stats: dict = None
+  last_batch: dict = None  # The last update batch (for divergence checks).
 
 
 def step_seed(base_seed, step):
@@ -190,6 +192,7 @@ def update_policy(session, update):
   """Reference/old log-probs as needed, then num_iterations updates."""
   config = session.config
   batch = sharding.shard_batch(update, session.mesh)
+  session.last_batch = batch
   if config.grpo.beta > 0:
     batch['ref_logps'] = grpo.reference_logps(session.model, batch, session.hp)
   if config.grpo.num_iterations > 1:
@@ -202,6 +205,11 @@ def update_policy(session, update):
 
 
 def save(ckpt, session, step, force=False):
+  """Saves `step` when due (or forced), never a diverged state."""
+  if not ckpt.will_save(step, force):
+    return
+  divergence.check_state(step, session.model, session.optimizer,
+                         session.last_batch, session.hp, session.config, ckpt)
   ckpt.save(step, checkpoint.lora_state(session.model),
             checkpoint.optimizer_state(session.optimizer),
             session.train_iter, {}, force=force)
@@ -287,7 +295,7 @@ def run(session):
       scalars['time/rollout_s'] = t1 - t0
       scalars['time/update_s'] = t2 - t1
       scalars['tokens_per_s'] = gen_tokens / (t2 - t0)
-      metrics_lib.check_finite(step, scalars)
+      divergence.check_scalars(step, scalars, config, ckpt)
       writer.write_scalars(step, scalars)
       if jax.process_index() == 0:
         metrics_lib.write_samples(
