@@ -25,8 +25,8 @@ Existing steps are never overwritten: saving a step that is already on disk
 is skipped with a warning and returns False (quietly when this Checkpointer
 saved that step itself, e.g. a forced save right after the periodic one).
 Orbax also skips non-forced saves of steps at or below the newest step on
-disk, so after a fallback from a damaged step N (see below) periodic saves
-resume after N (a forced save below N still works).
+disk, so after a fallback from a damaged step N (see below) that was not set
+aside, periodic saves resume after N (a forced save below N still works).
 
 Damaged checkpoints. `restore` tries the newest step first. If it fails
 (truncated or corrupted files, a missing item, a target that does not match,
@@ -34,6 +34,11 @@ or arrays that do not match their checksum: Orbax can read flipped bytes back
 without an error), it logs a warning naming the step and the error and tries
 the next older step, and so on; nothing is deleted or rewritten, the damaged
 step stays on disk (until max_to_keep rotates it out like any other step).
+A trainer then calls `set_aside_damaged()`: it moves every step that failed
+above the restored one to `<checkpoints>/damaged-step-<N>-<UTC time>/`
+(kept for inspection, never read again, not counted by max_to_keep), so the
+rerun saves its own step N again. Readers (evaluate, export, generate) only
+restore and never move anything.
 If no step can be restored it raises `RestoreError` listing every failure;
 only an empty checkpoint directory gives None. On several processes, a step
 counts as restored only if it restored on every process, so all processes
@@ -66,6 +71,7 @@ step, so every process stops at the same step.
 import os
 import signal
 import threading
+import time
 from typing import Any, NamedTuple
 
 from absl import logging
@@ -81,6 +87,8 @@ import orbax.checkpoint as ocp
 CHECKPOINT_SUBDIR = 'checkpoints'
 # Meta key holding the checksums of the 'lora' and 'opt' arrays.
 CHECKSUMS_KEY = 'checksums'
+# Name of a damaged step's directory once set aside (in the checkpoint dir).
+DAMAGED_PREFIX = 'damaged-step-'
 
 
 class RestoreError(RuntimeError):
@@ -463,6 +471,34 @@ class Checkpointer:
         'start from scratch.'
     )
 
+  def set_aside_damaged(self):
+    """Moves the steps that failed in the last `restore` out of the way.
+
+    Each goes to `<checkpoints>/damaged-step-<N>-<UTC time>/` (one warning
+    line each), so later saves of those step numbers work. Only process 0
+    moves; every process must call this.
+
+    Returns:
+      {step: new path} of the moved steps.
+    """
+    moved = {}
+    stamp = time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())
+    for step in sorted(self.failed_steps):
+      moved[step] = self.directory / f'{DAMAGED_PREFIX}{step}-{stamp}'
+      if jax.process_index() == 0:
+        _move_dir(self.directory / str(step), moved[step])
+        logging.warning(
+            'Damaged checkpoint step %s moved aside to %s (kept for '
+            'inspection; delete it when done); this run saves step %s anew.',
+            step, moved[step], step,
+        )
+    if moved:
+      if jax.process_count() > 1:
+        multihost_utils.sync_global_devices('agent_tunix_set_aside_damaged')
+      self._manager.reload()
+      self.failed_steps = {}
+    return moved
+
   def restore_into(self, model, optimizer=None, data_iter=None, step=None):
     """`restore`, then nnx.update of the model (and optimizer) in place.
 
@@ -489,6 +525,26 @@ class Checkpointer:
   def close(self):
     """Waits for pending saves and releases the manager."""
     self._manager.close()
+
+
+def _move_dir(source, target):
+  """Moves a directory (rename; copy and delete where rename cannot)."""
+  source, target = epath.Path(source), epath.Path(target)
+  try:
+    source.rename(target)
+    return
+  except Exception:  # pylint: disable=broad-exception-caught
+    if not source.exists() or target.exists():
+      raise
+  # Object stores (gs://) cannot rename a directory: copy, then delete.
+  for path in sorted(source.rglob('*')):
+    relative = path.relative_to(source)
+    if path.is_dir():
+      (target / relative).mkdir(parents=True, exist_ok=True)
+    else:
+      (target / relative).parent.mkdir(parents=True, exist_ok=True)
+      path.copy(target / relative)
+  source.rmtree()
 
 
 def restore_lora(model, workdir, checkpoint_config, step=None):

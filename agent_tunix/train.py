@@ -254,6 +254,7 @@ def run(session):
   ckpt = checkpoint.Checkpointer(workdir, config.checkpoint)
   start = 0
   restored = ckpt.restore_into(model, optimizer, session.train_iter)
+  ckpt.set_aside_damaged()
   if restored is not None:
     _, start = restored
     logging.info('Resumed from step %d in %s', start, workdir)
