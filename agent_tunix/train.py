@@ -277,8 +277,12 @@ def run(session):
     run_eval(session, writer, 0)
   scalars = {}
   step = start
-  with guard:
+  keeper = checkpoint.SaveOnError(
+      lambda done: save(ckpt, session, done, force=True), session.train_iter,
+      start, skip=lambda e: isinstance(e, divergence.DivergenceError))
+  with guard, keeper:
     for step in range(start + 1, num_steps + 1):
+      keeper.begin(step)
       try:
         batch = next(session.train_iter)
       except StopIteration:
@@ -290,7 +294,9 @@ def run(session):
           session, batch, step
       )
       t1 = time.perf_counter()
+      keeper.updating()
       scalars.update(update_policy(session, update))
+      keeper.done(step)
       t2 = time.perf_counter()
       scalars['learning_rate'] = float(session.schedule(step - 1))
       scalars['time/rollout_s'] = t1 - t0
@@ -309,6 +315,8 @@ def run(session):
         run_eval(session, writer, step)
       if guard.should_stop(step):
         save(ckpt, session, step, force=True)
+        logging.warning('Stopped after step %s, saved in %s; rerun the same '
+                        'command to resume.', step, ckpt.directory)
         ckpt.close()
         writer.flush()
         return {'step': step, 'scalars': scalars, 'eval': None,

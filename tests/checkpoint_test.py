@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from unittest import mock
 
 from flax import nnx
@@ -406,6 +407,18 @@ def test_preemption_guard_sets_flag_and_restores_handler():
     assert guard.requested()
     assert guard.should_stop(2)
   assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_sigint_is_handled_like_sigterm_and_a_second_one_interrupts():
+  before = signal.getsignal(signal.SIGINT)
+  with checkpoint.PreemptionGuard() as guard:
+    os.kill(os.getpid(), signal.SIGINT)
+    assert guard.requested() and guard.should_stop(3)
+    assert guard.signal_name == 'SIGINT'
+    with pytest.raises(KeyboardInterrupt):  # Python's default handler.
+      os.kill(os.getpid(), signal.SIGINT)
+      time.sleep(1)  # The handler runs between bytecodes.
+  assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_second_sigterm_goes_to_previous_handler():

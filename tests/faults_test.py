@@ -8,13 +8,22 @@ import os
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
-import pathlib  # pylint: disable=g-import-not-at-top
+import json  # pylint: disable=g-import-not-at-top
+import pathlib
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from agent_tunix import divergence
 from agent_tunix import train
 from configs import tiny
+import reward_fixtures
+
+_REPO = pathlib.Path(__file__).resolve().parents[1]
+_TIMEOUT_S = 600
 
 
 def _config(**overrides):
@@ -73,3 +82,65 @@ def test_divergence_hint_fits_the_config(clip, warmup, asks_clip,
   assert ('warmup_ratio' in text) == asks_warmup
   assert 'reward' in divergence.hint(config, ['reward/mean'])
   assert 'learning_rate' not in divergence.hint(config, ['reward/mean'])
+
+
+def test_crash_inside_a_step_saves_the_last_completed_step(tmp_path):
+  workdir = str(tmp_path)
+  reward_fixtures.CALLS['fail_on_third_call'] = 0
+  config = _config(**{
+      'training.num_steps': 6,
+      'checkpoint.save_interval_steps': 0,
+      'checkpoint.async_save': False,
+      'rewards.functions': 'format_approx=1,'
+                           'reward_fixtures:fail_on_third_call=1',
+  })
+  with pytest.raises(RuntimeError, match='reward server went away'):
+    train.train_and_evaluate(config, workdir)
+  assert _steps(workdir) == [2]
+  # The saved data position is after step 2's batch (not step 3's): the
+  # resumed run reads the batch the crashed step read.
+  session = train.setup(config, str(tmp_path / 'fresh'))
+  next(session.train_iter)
+  next(session.train_iter)
+  saved = json.loads(
+      (tmp_path / 'checkpoints/2/data/process_0-of-1.json').read_text())
+  assert saved == json.loads(json.dumps(session.train_iter.get_state()))
+
+
+def _wait_for(path, text, proc, deadline):
+  while text not in path.read_text(errors='replace'):
+    assert proc.poll() is None, path.read_text(errors='replace')[-3000:]
+    assert time.monotonic() < deadline, 'timed out waiting for ' + text
+    time.sleep(0.2)
+
+
+def test_ctrl_c_finishes_the_step_saves_and_exits_cleanly(tmp_path):
+  workdir, log = tmp_path / 'run', tmp_path / 'log.txt'
+  env = dict(os.environ, PYTHONPATH=str(_REPO))
+  # Python ignores SIGINT if its parent did (background jobs of a
+  # non-interactive shell): start the child with the default handler.
+  with open(log, 'wb') as out:
+    proc = subprocess.Popen(
+        [sys.executable, '-m', 'agent_tunix.main', '--config=configs/tiny.py',
+         f'--workdir={workdir}', '--config.training.num_steps=100',
+         '--config.checkpoint.save_interval_steps=0'],
+        cwd=_REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  try:
+    _wait_for(log, '] [2] ', proc, time.monotonic() + _TIMEOUT_S)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=_TIMEOUT_S)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  text = log.read_text(errors='replace')
+  assert proc.returncode == 0, text[-3000:]
+  assert 'SIGINT received' in text
+  assert 'Traceback' not in text, text[-3000:]
+  result = json.loads(text.strip().splitlines()[-1])
+  assert result['preempted'] is True
+  stopped = result['step']
+  assert 2 <= stopped < 100
+  assert f'Stopped after step {stopped}, saved in' in text
+  assert _steps(workdir) == [stopped]

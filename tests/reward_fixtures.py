@@ -19,3 +19,14 @@ def nan_reward(prompts, completions, **unused):
   """NaN for every completion: must stop training."""
   del prompts, unused
   return [float('nan')] * len(completions)
+
+
+CALLS = {'fail_on_third_call': 0}
+
+
+def fail_on_third_call(prompts, completions, **unused):
+  """Scores like text_length, but raises on its third call (step 3)."""
+  CALLS['fail_on_third_call'] += 1
+  if CALLS['fail_on_third_call'] == 3:
+    raise RuntimeError('fail_on_third_call: reward server went away')
+  return text_length(prompts, completions, **unused)
