@@ -146,21 +146,42 @@ def _like_target(target, restored):
   return restored
 
 
+_MISMATCH = 'in the checkpoint but'
+# How our and Orbax's errors say that a checkpoint holds other shapes or
+# another tree than the target (a good checkpoint of another config).
+_MISMATCH_MARKERS = (_MISMATCH, 'not compatible with the stored shape',
+                     'tree structures do not match')
+# Failure texts in RestoreError are cut to this many characters (Orbax can
+# print whole parameter trees).
+_FAILURE_WIDTH = 400
+
+
+def _is_mismatch(error):
+  return any(marker in error for marker in _MISMATCH_MARKERS)
+
+
+def _shorten(text):
+  text = ' '.join(str(text).split())
+  if len(text) <= _FAILURE_WIDTH:
+    return text
+  return text[:_FAILURE_WIDTH - 5] + ' ...'
+
+
 def _check_shapes(name, abstract, restored):
   """Raises ValueError if restored leaves differ from the target's shapes."""
   expected = jax.tree_util.tree_flatten_with_path(abstract)[0]
   got = jax.tree.leaves(restored)
   if len(expected) != len(got):
     raise ValueError(
-        f'{name!r} has {len(got)} arrays in the checkpoint but the target '
-        f'has {len(expected)}.'
+        f'{name!r} has {len(got)} arrays {_MISMATCH} {len(expected)} in the '
+        'model; was it saved with a different model or LoRA config?'
     )
   for (path, want), have in zip(expected, got):
     want_shape = tuple(np.shape(want))
     if tuple(np.shape(have)) != want_shape:
       raise ValueError(
           f'{name!r} {jax.tree_util.keystr(path)} has shape '
-          f'{tuple(np.shape(have))} in the checkpoint but {want_shape} in '
+          f'{tuple(np.shape(have))} {_MISMATCH} {want_shape} in '
           'the model; was it saved with a different model or LoRA config?'
       )
 
@@ -465,15 +486,21 @@ class Checkpointer:
       logging.warning(
           'Checkpoint step %s in %s could not be restored (%s); it is left '
           'on disk untouched. Trying an older step.', candidate,
-          self.directory, error,
+          self.directory, _shorten(error),
       )
     failures = '\n'.join(
-        f'  step {s}: {e}' for s, e in self.failed_steps.items()
+        f'  step {s}: {_shorten(e)}' for s, e in self.failed_steps.items()
     )
+    if all(_is_mismatch(e) for e in self.failed_steps.values()):
+      fix = ('The checkpoints are not damaged: they hold a different model '
+             'or LoRA shape than this config builds. Use the config they '
+             'were saved with, or a new workdir.')
+    else:
+      fix = ('Move the damaged step directories away (or use a new workdir) '
+             'to start from scratch.')
     raise RestoreError(
         f'No checkpoint in {self.directory} could be restored:\n{failures}\n'
-        'Move the damaged step directories away (or use a new workdir) to '
-        'start from scratch.'
+        + fix
     )
 
   def set_aside_damaged(self):
@@ -530,6 +557,13 @@ class Checkpointer:
   def close(self):
     """Waits for pending saves and releases the manager."""
     self._manager.close()
+
+
+def has_steps(workdir):
+  """True if `workdir` holds checkpoint steps (reads only; creates nothing)."""
+  directory = epath.Path(workdir) / CHECKPOINT_SUBDIR
+  return directory.exists() and any(
+      p.name.isdigit() for p in directory.iterdir())
 
 
 def _move_dir(source, target):

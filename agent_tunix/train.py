@@ -42,6 +42,7 @@ from agent_tunix import metrics as metrics_lib
 from agent_tunix import models
 from agent_tunix import rewards
 from agent_tunix import rollout
+from agent_tunix import run_config
 from agent_tunix import sharding
 from agent_tunix.data import pipeline
 
@@ -79,6 +80,8 @@ def setup(config, workdir, with_data=True):
         f'config.model.lora_rank={config.model.lora_rank}: training updates '
         'only LoRA adapters, so it needs a rank >= 1.'
     )
+  if with_data and workdir:
+    run_config.check_and_store(config, workdir, checkpoint.has_steps(workdir))
   mesh = sharding.make_mesh(config.mesh)
   model, tokenizer = models.build(config, mesh)
   sampler = rollout.Rollout(

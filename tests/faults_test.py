@@ -17,7 +17,9 @@ import time
 
 import pytest
 
+from agent_tunix import checkpoint
 from agent_tunix import divergence
+from agent_tunix import run_config
 from agent_tunix import train
 from configs import tiny
 import reward_fixtures
@@ -144,3 +146,50 @@ def test_ctrl_c_finishes_the_step_saves_and_exits_cleanly(tmp_path):
   assert 2 <= stopped < 100
   assert f'Stopped after step {stopped}, saved in' in text
   assert _steps(workdir) == [stopped]
+
+
+def test_resume_refuses_a_config_that_changes_what_was_trained(tmp_path,
+                                                                caplog):
+  workdir = str(tmp_path)
+  first = _config(**{'training.num_steps': 1,
+                     'checkpoint.async_save': False})
+  assert train.train_and_evaluate(first, workdir)['step'] == 1
+  stored = json.loads((tmp_path / 'config.json').read_text())
+  assert stored['model.lora_alpha'] == 8.0
+  # Twice the LoRA scale and another seed: refused, before any weight is
+  # read, with old and new values and the fix.
+  changed = _config(**{'training.num_steps': 1, 'model.lora_alpha': 64.0,
+                       'training.seed': 7})
+  with pytest.raises(run_config.ConfigChangedError) as error:
+    train.setup(changed, workdir)
+  message = str(error.value)
+  assert 'config.model.lora_alpha: 8.0 (trained) -> 64.0 (now)' in message
+  assert 'config.training.seed: 42 (trained) -> 7 (now)' in message
+  assert 'new --workdir' in message and len(message) < 1000
+  # A preset change lists a few fields, not a 78 KB dump.
+  other = _config(**{'model.preset': 'gemma3_270m', 'model.lora_rank': 8})
+  with pytest.raises(run_config.ConfigChangedError) as error:
+    train.setup(other, workdir)
+  assert len(str(error.value)) < 1000
+  # Safe fields change and are logged.
+  longer = _config(**{'training.num_steps': 2, 'eval.eval_every_n_steps': 1,
+                      'checkpoint.async_save': False})
+  with caplog.at_level('INFO'):
+    assert train.train_and_evaluate(longer, workdir)['step'] == 2
+  assert 'Resuming with config.training.num_steps changed: 1 -> 2' in (
+      caplog.text)
+
+
+def test_a_good_checkpoint_of_another_shape_is_not_called_damaged(tmp_path):
+  workdir = str(tmp_path)
+  first = _config(**{'training.num_steps': 1,
+                     'checkpoint.async_save': False})
+  train.train_and_evaluate(first, workdir)
+  (tmp_path / 'config.json').unlink()  # As a run made before config.json.
+  session = train.setup(_config(**{'model.lora_rank': 8}), workdir)
+  with pytest.raises(checkpoint.RestoreError) as error:
+    train.run(session)
+  message = str(error.value)
+  assert 'damaged' not in message.replace('not damaged', '')
+  assert 'different model or LoRA' in message
+  assert _steps(workdir) == [1]
