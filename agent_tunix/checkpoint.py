@@ -280,13 +280,14 @@ class Checkpointer:
   primary process writes shared files.
   """
 
-  def __init__(self, workdir, config):
-    """Opens (creating if needed) `<workdir>/checkpoints`.
+  def __init__(self, workdir, config, read_only=False):
+    """Opens (creating if needed, unless read_only) `<workdir>/checkpoints`.
 
     Args:
       workdir: The run directory, local or gs://.
       config: The `checkpoint` section of the config (save_interval_steps,
         max_to_keep, async_save).
+      read_only: Create nothing (for readers: evaluate, export, generate).
 
     Raises:
       ValueError: on a negative save interval or max_to_keep < 1.
@@ -305,7 +306,8 @@ class Checkpointer:
         max_to_keep=config.max_to_keep,
         save_decision_policy=_save_policy(config.save_interval_steps),
         enable_async_checkpointing=config.async_save,
-        create=True,
+        create=not read_only,
+        read_only=read_only,
     )
     self._manager = ocp.CheckpointManager(
         self.directory,
@@ -592,7 +594,7 @@ def restore_lora(model, workdir, checkpoint_config, step=None):
   Returns:
     The restored step, or None if there is no checkpoint.
   """
-  ckpt = Checkpointer(workdir, checkpoint_config)
+  ckpt = Checkpointer(workdir, checkpoint_config, read_only=True)
   try:
     restored = ckpt.restore_into(model, step=step)
   finally:

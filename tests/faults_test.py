@@ -193,3 +193,30 @@ def test_a_good_checkpoint_of_another_shape_is_not_called_damaged(tmp_path):
   assert 'damaged' not in message.replace('not damaged', '')
   assert 'different model or LoRA' in message
   assert _steps(workdir) == [1]
+
+
+def _evaluate(*args):
+  return subprocess.run(
+      [sys.executable, '-m', 'agent_tunix.evaluate',
+       '--config=configs/tiny.py', *args], cwd=_REPO,
+      env=dict(os.environ, PYTHONPATH=str(_REPO)), capture_output=True,
+      text=True, timeout=_TIMEOUT_S, check=False)
+
+
+def test_evaluate_refuses_a_workdir_without_checkpoints(tmp_path):
+  typo = tmp_path / 'runn'
+  out = _evaluate(f'--workdir={typo}')
+  assert out.returncode != 0 and out.stdout == ''
+  assert f'--workdir={typo} does not exist' in out.stderr
+  assert not typo.exists()  # A reader creates nothing.
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  out = _evaluate(f'--workdir={empty}')
+  assert out.returncode != 0
+  assert 'has no checkpoint' in out.stderr and '--allow_base' in out.stderr
+  assert list(empty.iterdir()) == []
+  out = _evaluate()
+  assert out.returncode != 0 and 'no --workdir given' in out.stderr
+  from agent_tunix import evaluate  # pylint: disable=g-import-not-at-top
+  evaluate.check_workdir(str(empty), allow_base=True)  # Allowed.
+  evaluate.check_workdir(None, allow_base=True)
