@@ -25,8 +25,8 @@ Existing steps are never overwritten: saving a step that is already on disk
 is skipped with a warning and returns False (quietly when this Checkpointer
 saved that step itself, e.g. a forced save right after the periodic one).
 Orbax also skips non-forced saves of steps at or below the newest step on
-disk, so after a fallback from a damaged step N (see below) periodic saves
-resume after N (a forced save below N still works).
+disk, so after a fallback from a damaged step N (see below) that was not set
+aside, periodic saves resume after N (a forced save below N still works).
 
 Damaged checkpoints. `restore` tries the newest step first. If it fails
 (truncated or corrupted files, a missing item, a target that does not match,
@@ -34,6 +34,11 @@ or arrays that do not match their checksum: Orbax can read flipped bytes back
 without an error), it logs a warning naming the step and the error and tries
 the next older step, and so on; nothing is deleted or rewritten, the damaged
 step stays on disk (until max_to_keep rotates it out like any other step).
+A trainer then calls `set_aside_damaged()`: it moves every step that failed
+above the restored one to `<checkpoints>/damaged-step-<N>-<UTC time>/`
+(kept for inspection, never read again, not counted by max_to_keep), so the
+rerun saves its own step N again. Readers (evaluate, export, generate) only
+restore and never move anything.
 If no step can be restored it raises `RestoreError` listing every failure;
 only an empty checkpoint directory gives None. On several processes, a step
 counts as restored only if it restored on every process, so all processes
@@ -41,8 +46,8 @@ agree on it. A transient read error (e.g. a GCS hiccup) also counts as a
 failure, so the run may resume from an older step than necessary; the log
 says so.
 
-Preemption. `PreemptionGuard` turns SIGTERM into a flag that the train loop
-polls once per step, on every process:
+Preemption. `PreemptionGuard` turns SIGTERM and SIGINT (Ctrl-C) into a
+flag that the train loop polls once per step, on every process:
 
   guard = checkpoint.PreemptionGuard().install()
   for step in ...:
@@ -57,15 +62,21 @@ polls once per step, on every process:
 Nothing is saved inside the signal handler. When JAX's distributed runtime is
 initialised with its preemption service (the default on multi-host TPU), JAX
 already owns SIGTERM and picks a step at which all processes stop together
-(`multihost_utils.reached_preemption_sync_point`), so the guard leaves the
-signal alone and asks JAX. Otherwise it installs a Python handler, and on
-several processes the per-process flags are OR-ed with an all-gather each
-step, so every process stops at the same step.
+(`multihost_utils.reached_preemption_sync_point`), so the guard leaves
+SIGTERM alone and asks JAX as well. Otherwise it installs a Python handler
+for SIGTERM too. On several processes the per-process flags are OR-ed with
+an all-gather each step, so every process stops at the same step (a Ctrl-C
+reaches only the process of its terminal).
+
+Errors. `SaveOnError` wraps the loop: when a step raises (a reward function
+failing, a second Ctrl-C), the last completed step is saved before the
+error goes on, unless the parameters were mid-update.
 """
 
 import os
 import signal
 import threading
+import time
 from typing import Any, NamedTuple
 
 from absl import logging
@@ -81,6 +92,8 @@ import orbax.checkpoint as ocp
 CHECKPOINT_SUBDIR = 'checkpoints'
 # Meta key holding the checksums of the 'lora' and 'opt' arrays.
 CHECKSUMS_KEY = 'checksums'
+# Name of a damaged step's directory once set aside (in the checkpoint dir).
+DAMAGED_PREFIX = 'damaged-step-'
 
 
 class RestoreError(RuntimeError):
@@ -133,21 +146,42 @@ def _like_target(target, restored):
   return restored
 
 
+_MISMATCH = 'in the checkpoint but'
+# How our and Orbax's errors say that a checkpoint holds other shapes or
+# another tree than the target (a good checkpoint of another config).
+_MISMATCH_MARKERS = (_MISMATCH, 'not compatible with the stored shape',
+                     'tree structures do not match')
+# Failure texts in RestoreError are cut to this many characters (Orbax can
+# print whole parameter trees).
+_FAILURE_WIDTH = 400
+
+
+def _is_mismatch(error):
+  return any(marker in error for marker in _MISMATCH_MARKERS)
+
+
+def _shorten(text):
+  text = ' '.join(str(text).split())
+  if len(text) <= _FAILURE_WIDTH:
+    return text
+  return text[:_FAILURE_WIDTH - 5] + ' ...'
+
+
 def _check_shapes(name, abstract, restored):
   """Raises ValueError if restored leaves differ from the target's shapes."""
   expected = jax.tree_util.tree_flatten_with_path(abstract)[0]
   got = jax.tree.leaves(restored)
   if len(expected) != len(got):
     raise ValueError(
-        f'{name!r} has {len(got)} arrays in the checkpoint but the target '
-        f'has {len(expected)}.'
+        f'{name!r} has {len(got)} arrays {_MISMATCH} {len(expected)} in the '
+        'model; was it saved with a different model or LoRA config?'
     )
   for (path, want), have in zip(expected, got):
     want_shape = tuple(np.shape(want))
     if tuple(np.shape(have)) != want_shape:
       raise ValueError(
           f'{name!r} {jax.tree_util.keystr(path)} has shape '
-          f'{tuple(np.shape(have))} in the checkpoint but {want_shape} in '
+          f'{tuple(np.shape(have))} {_MISMATCH} {want_shape} in '
           'the model; was it saved with a different model or LoRA config?'
       )
 
@@ -246,13 +280,14 @@ class Checkpointer:
   primary process writes shared files.
   """
 
-  def __init__(self, workdir, config):
-    """Opens (creating if needed) `<workdir>/checkpoints`.
+  def __init__(self, workdir, config, read_only=False):
+    """Opens (creating if needed, unless read_only) `<workdir>/checkpoints`.
 
     Args:
       workdir: The run directory, local or gs://.
       config: The `checkpoint` section of the config (save_interval_steps,
         max_to_keep, async_save).
+      read_only: Create nothing (for readers: evaluate, export, generate).
 
     Raises:
       ValueError: on a negative save interval or max_to_keep < 1.
@@ -271,7 +306,8 @@ class Checkpointer:
         max_to_keep=config.max_to_keep,
         save_decision_policy=_save_policy(config.save_interval_steps),
         enable_async_checkpointing=config.async_save,
-        create=True,
+        create=not read_only,
+        read_only=read_only,
     )
     self._manager = ocp.CheckpointManager(
         self.directory,
@@ -301,6 +337,18 @@ class Checkpointer:
     step = int(step)
     return (step not in self._manager.all_steps()
             and self._manager.should_save(step))
+
+  def will_save(self, step, force=False):
+    """True if `save(step, ..., force=force)` would do more than return.
+
+    That is: write the step, or warn that it exists on disk already.
+    """
+    step = int(step)
+    if step in self._saved_steps:
+      return False
+    if step in self._manager.all_steps():
+      return True
+    return force or self._manager.should_save(step)
 
   def save(self, step, lora_state, opt_state, data_iter, meta, force=False):  # pylint: disable=redefined-outer-name
     """Saves one step if the save policy (or `force`) says so.
@@ -440,16 +488,50 @@ class Checkpointer:
       logging.warning(
           'Checkpoint step %s in %s could not be restored (%s); it is left '
           'on disk untouched. Trying an older step.', candidate,
-          self.directory, error,
+          self.directory, _shorten(error),
       )
     failures = '\n'.join(
-        f'  step {s}: {e}' for s, e in self.failed_steps.items()
+        f'  step {s}: {_shorten(e)}' for s, e in self.failed_steps.items()
     )
+    if all(_is_mismatch(e) for e in self.failed_steps.values()):
+      fix = ('The checkpoints are not damaged: they hold a different model '
+             'or LoRA shape than this config builds. Use the config they '
+             'were saved with, or a new workdir.')
+    else:
+      fix = ('Move the damaged step directories away (or use a new workdir) '
+             'to start from scratch.')
     raise RestoreError(
         f'No checkpoint in {self.directory} could be restored:\n{failures}\n'
-        'Move the damaged step directories away (or use a new workdir) to '
-        'start from scratch.'
+        + fix
     )
+
+  def set_aside_damaged(self):
+    """Moves the steps that failed in the last `restore` out of the way.
+
+    Each goes to `<checkpoints>/damaged-step-<N>-<UTC time>/` (one warning
+    line each), so later saves of those step numbers work. Only process 0
+    moves; every process must call this.
+
+    Returns:
+      {step: new path} of the moved steps.
+    """
+    moved = {}
+    stamp = time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())
+    for step in sorted(self.failed_steps):
+      moved[step] = self.directory / f'{DAMAGED_PREFIX}{step}-{stamp}'
+      if jax.process_index() == 0:
+        _move_dir(self.directory / str(step), moved[step])
+        logging.warning(
+            'Damaged checkpoint step %s moved aside to %s (kept for '
+            'inspection; delete it when done); this run saves step %s anew.',
+            step, moved[step], step,
+        )
+    if moved:
+      if jax.process_count() > 1:
+        multihost_utils.sync_global_devices('agent_tunix_set_aside_damaged')
+      self._manager.reload()
+      self.failed_steps = {}
+    return moved
 
   def restore_into(self, model, optimizer=None, data_iter=None, step=None):
     """`restore`, then nnx.update of the model (and optimizer) in place.
@@ -479,13 +561,40 @@ class Checkpointer:
     self._manager.close()
 
 
+def has_steps(workdir):
+  """True if `workdir` holds checkpoint steps (reads only; creates nothing)."""
+  directory = epath.Path(workdir) / CHECKPOINT_SUBDIR
+  return directory.exists() and any(
+      p.name.isdigit() for p in directory.iterdir())
+
+
+def _move_dir(source, target):
+  """Moves a directory (rename; copy and delete where rename cannot)."""
+  source, target = epath.Path(source), epath.Path(target)
+  try:
+    source.rename(target)
+    return
+  except Exception:  # pylint: disable=broad-exception-caught
+    if not source.exists() or target.exists():
+      raise
+  # Object stores (gs://) cannot rename a directory: copy, then delete.
+  for path in sorted(source.rglob('*')):
+    relative = path.relative_to(source)
+    if path.is_dir():
+      (target / relative).mkdir(parents=True, exist_ok=True)
+    else:
+      (target / relative).parent.mkdir(parents=True, exist_ok=True)
+      path.copy(target / relative)
+  source.rmtree()
+
+
 def restore_lora(model, workdir, checkpoint_config, step=None):
   """Loads the LoRA of `workdir`'s checkpoint `step` (None: latest) into model.
 
   Returns:
     The restored step, or None if there is no checkpoint.
   """
-  ckpt = Checkpointer(workdir, checkpoint_config)
+  ckpt = Checkpointer(workdir, checkpoint_config, read_only=True)
   try:
     restored = ckpt.restore_into(model, step=step)
   finally:
@@ -511,38 +620,49 @@ def jax_preemption_sync_active():
 
 
 class PreemptionGuard:
-  """Turns SIGTERM into a flag that the train loop polls between steps.
+  """Turns SIGTERM and SIGINT (Ctrl-C) into a flag the loop polls per step.
 
   Use `install()` / `uninstall()` or `with PreemptionGuard() as guard:`. The
   handler only sets a flag; the loop saves and exits at the end of the step.
-  A second SIGTERM goes to the previous handler (by default: the process
-  ends at once), for when the final save hangs.
+  A second signal of the same kind goes to the previous handler (by
+  default: SIGTERM ends the process at once, SIGINT raises
+  KeyboardInterrupt), for when the step or the final save hangs.
   """
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self, use_jax_sync=None):
     """Args: use_jax_sync: None = ask JAX's preemption service iff active."""
     self.use_jax_sync = use_jax_sync
     self._event = threading.Event()
-    self._previous = None
+    self._previous = {}
     self._installed = False
+    self.signal_name = None
+
+  def _own_signals(self):
+    # JAX's preemption service owns SIGTERM when active; SIGINT is ours.
+    if self.use_jax_sync:
+      return (signal.SIGINT,)
+    return self.SIGNALS
 
   def install(self):
-    """Starts listening for SIGTERM; returns self."""
+    """Starts listening for SIGTERM and SIGINT; returns self."""
     if self._installed:
       return self
     if self.use_jax_sync is None:
       self.use_jax_sync = jax_preemption_sync_active()
     if self.use_jax_sync:
       logging.info('SIGTERM is handled by the JAX preemption service.')
-    else:
-      self._previous = install_sigterm_handler(self._handle)
+    for signum in self._own_signals():
+      self._previous[signum] = signal.signal(signum, self._handle)
     self._installed = True
     return self
 
   def uninstall(self):
-    """Puts back the SIGTERM handler that was there before `install()`."""
-    if self._installed and not self.use_jax_sync:
-      install_sigterm_handler(self._previous_or_default())
+    """Puts back the handlers that were there before `install()`."""
+    if self._installed:
+      for signum in self._own_signals():
+        signal.signal(signum, self._previous_or_default(signum))
     self._installed = False
 
   def __enter__(self):
@@ -551,16 +671,22 @@ class PreemptionGuard:
   def __exit__(self, *exc_info):
     self.uninstall()
 
-  def _previous_or_default(self):
+  def _previous_or_default(self, signum):
     # None: the previous handler was not installed from Python.
-    return signal.SIG_DFL if self._previous is None else self._previous
+    previous = self._previous.get(signum)
+    return signal.SIG_DFL if previous is None else previous
 
   def _handle(self, signum, frame):
     if not self._event.is_set():
+      self.signal_name = signal.Signals(signum).name
       self._event.set()
+      logging.warning(
+          '%s received: finishing this step, then saving and exiting '
+          '(send it again to stop at once).', self.signal_name,
+      )
       return
-    # A second SIGTERM: hand it to the previous handler.
-    previous = self._previous_or_default()
+    # A second signal: hand it to the previous handler.
+    previous = self._previous_or_default(signum)
     self.uninstall()
     if callable(previous):
       previous(signum, frame)
@@ -568,7 +694,7 @@ class PreemptionGuard:
       os.kill(os.getpid(), signum)
 
   def requested(self):
-    """True once this process has received SIGTERM (no synchronisation)."""
+    """True once this process got SIGTERM or SIGINT (no synchronisation)."""
     return self._event.is_set()
 
   def should_stop(self, step):
@@ -577,11 +703,66 @@ class PreemptionGuard:
     Call it once per step on every process: all processes get the same
     answer for the same step.
     """
+    stop = _any_process(self.requested())
     if self.use_jax_sync:
-      stop = multihost_utils.reached_preemption_sync_point(int(step))
-    else:
-      stop = _any_process(self.requested())
+      stop = multihost_utils.reached_preemption_sync_point(int(step)) or stop
     if stop:
-      logging.warning('Preemption requested: stopping after step %s.', step)
+      logging.warning('Stop requested (%s): stopping after step %s.',
+                      self.signal_name or 'preemption', step)
     return stop
 
+
+class SaveOnError:
+  """Saves the last completed step when a step fails (a context manager).
+
+  The loop reports its progress: `begin(step)` before reading the step's
+  batch, `updating()` right before the parameters change, `done(step)` once
+  they have. If an exception (a reward function raising, KeyboardInterrupt
+  from a second Ctrl-C, ...) leaves the block, the last completed step is
+  saved with `save(step)` before the exception goes on, with the data
+  iterator put back to where that step left it; nothing is saved when the
+  parameters were mid-update or when `skip(exception)` is true (e.g. a
+  divergence), or when nothing completed since `start`. A failure of that
+  save is logged, never raised over the original error.
+  """
+
+  def __init__(self, save, data_iter, start, skip=lambda e: False):
+    self._save = save
+    self._data_iter = data_iter
+    self._skip = skip
+    self._done = start
+    self._start = start
+    self._data_state = None
+    self._updating = False
+
+  def begin(self, step):
+    del step
+    self._data_state = (None if self._data_iter is None
+                        else self._data_iter.get_state())
+
+  def updating(self):
+    self._updating = True
+
+  def done(self, step):
+    self._done, self._updating, self._data_state = step, False, None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, kind, error, traceback):
+    if error is None or self._done <= self._start:
+      return False
+    if self._updating or self._skip(error):
+      logging.warning('Not saving after %s: the state after step %s is not '
+                      'known to be good.', kind.__name__, self._done)
+      return False
+    try:
+      if self._data_state is not None:
+        self._data_iter.set_state(self._data_state)
+      self._save(self._done)
+      logging.warning('Saved step %s before stopping on %s; rerun the same '
+                      'command to resume.', self._done, kind.__name__)
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      logging.error('Could not save step %s after %s: %s', self._done,
+                    kind.__name__, e)
+    return False

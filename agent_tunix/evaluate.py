@@ -5,9 +5,11 @@ r"""Evaluates the latest checkpoint of a run (or the base model) as JSON.
 
 Prints {"step": ..., "accuracy": ..., "accuracy_stderr": ...,
 "format_accuracy": ..., "format_accuracy_stderr": ..., "pass_at_k": ...,
-"pass_at_k_stderr": ..., "num_questions": ...} on stdout; step is null for
-the base model. Each _stderr is the standard error of the accuracy beside it
-over the num_questions held-out questions.
+"pass_at_k_stderr": ..., "num_questions": ...} on stdout. Each _stderr is
+the standard error of the accuracy beside it over the num_questions
+held-out questions. A --workdir that does not exist is an error; one
+without checkpoints (or no --workdir) is an error unless --allow_base asks
+for the base model (step is then null). Nothing is written.
 """
 
 import json
@@ -15,8 +17,10 @@ import sys
 
 from absl import app
 from absl import flags
+from etils import epath
 from ml_collections import config_flags
 
+from agent_tunix import checkpoint
 from agent_tunix import evaluation
 from agent_tunix import train
 
@@ -25,22 +29,44 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 _WORKDIR = flags.DEFINE_string(
     'workdir', None,
-    'Run directory; its latest checkpoint is evaluated. Without one (or '
-    'with no checkpoint in it) the base model is evaluated.',
+    'Run directory; its latest checkpoint is evaluated. It must exist.',
+)
+_ALLOW_BASE = flags.DEFINE_bool(
+    'allow_base', False,
+    'Evaluate the base model when there is no --workdir or it has no '
+    'checkpoint (otherwise that is an error).',
 )
 _STEP = flags.DEFINE_integer(
     'step', None, 'Checkpoint step to evaluate (default: the latest).'
 )
 
 
+def check_workdir(workdir, allow_base):
+  """Refuses a missing workdir, or one without checkpoints unless allowed."""
+  if workdir and not epath.Path(workdir).exists():
+    raise SystemExit(
+        f'evaluate: --workdir={workdir} does not exist; pass the --workdir '
+        'of a training run.'
+    )
+  if not (workdir and checkpoint.has_steps(workdir)) and not allow_base:
+    where = (f'--workdir={workdir} has no checkpoint' if workdir
+             else 'no --workdir given')
+    raise SystemExit(
+        f'evaluate: {where}; pass the --workdir of a training run, or '
+        '--allow_base to evaluate the base model.'
+    )
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   config = _CONFIG.value
-  session = train.setup(config, _WORKDIR.value or '', with_data=False)
+  workdir = _WORKDIR.value
+  check_workdir(workdir, _ALLOW_BASE.value)
+  session = train.setup(config, workdir or '', with_data=False)
   step = None
-  if _WORKDIR.value:
-    step = train.restore_lora(session, _WORKDIR.value, _STEP.value)
+  if workdir and checkpoint.has_steps(workdir):
+    step = train.restore_lora(session, workdir, _STEP.value)
   scores, _ = evaluation.evaluate(
       session.sampler, session.tokenizer, session.eval_set, config
   )

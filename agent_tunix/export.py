@@ -191,7 +191,7 @@ def checkpoint_steps(config, workdir):
     )
   if not (epath.Path(workdir) / checkpoint.CHECKPOINT_SUBDIR).exists():
     return []
-  ckpt = checkpoint.Checkpointer(workdir, config.checkpoint)
+  ckpt = checkpoint.Checkpointer(workdir, config.checkpoint, read_only=True)
   try:
     return ckpt.all_steps()
   finally:

@@ -100,7 +100,7 @@ def sanitize_name(name):
   return tag or '_'
 
 
-def check_finite(step, scalars):
+def check_finite(step, scalars, hint=NON_FINITE_HINT):
   """Returns {name: float}, or raises if any value is NaN or infinite.
 
   Args:
@@ -108,6 +108,7 @@ def check_finite(step, scalars):
     scalars: {name: number or array}. A 0-d value becomes a float; larger
       arrays are returned as float64 NumPy arrays and count as non-finite if
       any element is.
+    hint: What to try, appended to the message.
 
   Raises:
     FloatingPointError: naming the step and every non-finite value, e.g.
@@ -122,7 +123,7 @@ def check_finite(step, scalars):
       bad.append(f'{name}={shown}')
   if bad:
     raise FloatingPointError(
-        f'{", ".join(bad)} at step {step}; {NON_FINITE_HINT}.'
+        f'{", ".join(bad)} at step {step}; {hint}.'
     )
   return values
 

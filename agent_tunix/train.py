@@ -35,12 +35,14 @@ import numpy as np
 
 from agent_tunix import checkpoint
 from agent_tunix import config_lib
+from agent_tunix import divergence
 from agent_tunix import evaluation
 from agent_tunix import grpo
 from agent_tunix import metrics as metrics_lib
 from agent_tunix import models
 from agent_tunix import rewards
 from agent_tunix import rollout
+from agent_tunix import run_config
 from agent_tunix import sharding
 from agent_tunix.data import pipeline
 
@@ -62,6 +64,7 @@ class Session:
   eval_set: list
   train_iter: object = None
   data_stats: dict = None
+  last_batch: dict = None  # The last update batch (for divergence checks).
 
 
 def step_seed(base_seed, step):
@@ -77,6 +80,8 @@ def setup(config, workdir, with_data=True):
         f'config.model.lora_rank={config.model.lora_rank}: training updates '
         'only LoRA adapters, so it needs a rank >= 1.'
     )
+  if with_data and workdir:
+    run_config.check_and_store(config, workdir, checkpoint.has_steps(workdir))
   mesh = sharding.make_mesh(config.mesh)
   model, tokenizer = models.build(config, mesh)
   sampler = rollout.Rollout(
@@ -199,6 +204,7 @@ def update_policy(session, update):
   """Reference/old log-probs as needed, then num_iterations updates."""
   config = session.config
   batch = sharding.shard_batch(update, session.mesh)
+  session.last_batch = batch
   if config.grpo.beta > 0:
     batch['ref_logps'] = grpo.reference_logps(session.model, batch, session.hp)
   if config.grpo.num_iterations > 1:
@@ -221,6 +227,11 @@ def last_learning_rate(session):
 
 
 def save(ckpt, session, step, force=False):
+  """Saves `step` when due (or forced), never a diverged state."""
+  if not ckpt.will_save(step, force):
+    return
+  divergence.check_state(step, session.model, session.optimizer,
+                         session.last_batch, session.hp, session.config, ckpt)
   ckpt.save(step, checkpoint.lora_state(session.model),
             checkpoint.optimizer_state(session.optimizer),
             session.train_iter, {}, force=force)
@@ -265,6 +276,7 @@ def run(session):
   ckpt = checkpoint.Checkpointer(workdir, config.checkpoint)
   start = 0
   restored = ckpt.restore_into(model, optimizer, session.train_iter)
+  ckpt.set_aside_damaged()
   if restored is not None:
     _, start = restored
     logging.info('Resumed from step %d in %s', start, workdir)
@@ -287,8 +299,12 @@ def run(session):
     run_eval(session, writer, 0)
   scalars = {}
   step = start
-  with guard:
+  keeper = checkpoint.SaveOnError(
+      lambda done: save(ckpt, session, done, force=True), session.train_iter,
+      start, skip=lambda e: isinstance(e, divergence.DivergenceError))
+  with guard, keeper:
     for step in range(start + 1, num_steps + 1):
+      keeper.begin(step)
       try:
         batch = next(session.train_iter)
       except StopIteration:
@@ -300,13 +316,15 @@ def run(session):
           session, batch, step
       )
       t1 = time.perf_counter()
+      keeper.updating()
       scalars.update(update_policy(session, update))
+      keeper.done(step)
       t2 = time.perf_counter()
       scalars['learning_rate'] = last_learning_rate(session)
       scalars['time/rollout_s'] = t1 - t0
       scalars['time/update_s'] = t2 - t1
       scalars['tokens_per_s'] = gen_tokens / (t2 - t0)
-      metrics_lib.check_finite(step, scalars)
+      divergence.check_scalars(step, scalars, config, ckpt)
       writer.write_scalars(step, scalars)
       if jax.process_index() == 0:
         metrics_lib.write_samples(
@@ -319,6 +337,8 @@ def run(session):
         run_eval(session, writer, step)
       if guard.should_stop(step):
         save(ckpt, session, step, force=True)
+        logging.warning('Stopped after step %s, saved in %s; rerun the same '
+                        'command to resume.', step, ckpt.directory)
         ckpt.close()
         writer.flush()
         return {'step': step, 'scalars': scalars, 'eval': None,

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from unittest import mock
 
 from flax import nnx
@@ -408,6 +409,18 @@ def test_preemption_guard_sets_flag_and_restores_handler():
   assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_sigint_is_handled_like_sigterm_and_a_second_one_interrupts():
+  before = signal.getsignal(signal.SIGINT)
+  with checkpoint.PreemptionGuard() as guard:
+    os.kill(os.getpid(), signal.SIGINT)
+    assert guard.requested() and guard.should_stop(3)
+    assert guard.signal_name == 'SIGINT'
+    with pytest.raises(KeyboardInterrupt):  # Python's default handler.
+      os.kill(os.getpid(), signal.SIGINT)
+      time.sleep(1)  # The handler runs between bytecodes.
+  assert signal.getsignal(signal.SIGINT) is before
+
+
 def test_second_sigterm_goes_to_previous_handler():
   calls = []
   handler = lambda signum, frame: calls.append(signum)
@@ -470,3 +483,32 @@ def test_sharded_save_restores_into_other_sharding(tmp_path):
       cwd=root, capture_output=True, text=True, timeout=300, check=False,
   )
   assert 'SHARDED_OK' in result.stdout, result.stderr[-3000:]
+
+
+def test_damaged_steps_set_aside_and_saved_anew(tmp_path, caplog):
+  workdir = str(tmp_path)
+  model, optimizer = _save_steps(workdir, [1, 2, 3])
+  _truncate_manifest(workdir, 3)
+  damaged = {p.relative_to(_step_dir(workdir, 3)): p.read_bytes()
+             for p in _step_dir(workdir, 3).rglob('*') if p.is_file()}
+  ckpt = checkpoint.Checkpointer(workdir, _config())
+  assert ckpt.restore_into(*_make(), _data_iter())[1] == 2
+  moved = ckpt.set_aside_damaged()
+  assert list(moved) == [3]
+  aside = pathlib.Path(str(moved[3]))
+  assert aside.parent == tmp_path / 'checkpoints'
+  assert aside.name.startswith('damaged-step-3-')
+  # Moved byte for byte, said in one line, out of Orbax's steps.
+  assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob('*')
+          if p.is_file()} == damaged
+  assert 'moved aside to' in caplog.text and str(aside) in caplog.text
+  assert ckpt.all_steps() == [1, 2]
+  # The rerun's step 3 (periodic, not forced) is saved and restores.
+  it = _data_iter()
+  next(it)
+  assert _save(ckpt, 3, model, optimizer, it)
+  ckpt.close()
+  ckpt = checkpoint.Checkpointer(workdir, _config())
+  assert ckpt.restore_into(*_make(), _data_iter())[1] == 3
+  assert ckpt.set_aside_damaged() == {}
+  ckpt.close()

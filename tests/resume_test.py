@@ -7,7 +7,8 @@ checkpointing every step:
   B: killed with SIGKILL right after checkpoint 2 is complete, then the same
      command again in the same workdir (it resumes).
   C: a copy of A's finished workdir whose newest checkpoint (4) is damaged;
-     the same command falls back to checkpoint 3 and repeats step 4.
+     the same command falls back to checkpoint 3, sets the damaged step
+     aside, repeats step 4 and saves it; evaluate then reads step 4.
 
 Every metric except wall-clock timings must equal A's exactly. A and B run
 side by side, then B's resume and C; each pair shares a JAX compilation
@@ -267,14 +268,26 @@ def test_resumed_checkpoints_match_bit_for_bit(runs):
       assert got == want, (step, item)
 
 
-def test_damaged_checkpoint_falls_back_and_is_left_alone(runs):
+def test_damaged_checkpoint_is_set_aside_and_the_rerun_saved(runs):
   log = runs.logs['C'].read_text(errors='replace')
   assert f'Checkpoint step {_NUM_STEPS}' in log
   assert 'could not be restored' in log
   assert f'Resumed from step {_NUM_STEPS - 1}' in log
-  # The damaged step is still there, byte for byte.
-  assert _snapshot(runs.c / 'checkpoints' / str(_NUM_STEPS)) == runs.damaged
+  # The damaged step is kept, byte for byte, in a clearly named folder.
+  aside = sorted((runs.c / 'checkpoints').glob(f'damaged-step-{_NUM_STEPS}-*'))
+  assert len(aside) == 1, aside
+  assert f'moved aside to {aside[0]}' in log
+  assert _snapshot(aside[0]) == runs.damaged
+  # The rerun's step 4 is saved (not skipped as "already exists") and equals
+  # the uninterrupted run's step 4.
+  assert 'already exists' not in log
   assert _complete_steps(runs.c) == [2, 3, 4]
+  for item in ('meta/metadata', 'data/process_0-of-1.json'):
+    want = json.loads((runs.a / 'checkpoints' / str(_NUM_STEPS) / item)
+                      .read_text())
+    got = json.loads((runs.c / 'checkpoints' / str(_NUM_STEPS) / item)
+                     .read_text())
+    assert got == want, item
   # Step 4, repeated from checkpoint 3, matches the uninterrupted run.
   a = read_events(_event_files(runs.a))
   new_files = [f for f in _event_files(runs.c) if f not in runs.c_old_files]
@@ -283,3 +296,12 @@ def test_damaged_checkpoint_falls_back_and_is_left_alone(runs):
   _assert_same_scalars(a, c, [_NUM_STEPS], 'rerun C')
   np.testing.assert_equal(c['samples'][_NUM_STEPS][0],
                           a['samples'][_NUM_STEPS][0])
+  # evaluate reads the rerun's step 4.
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_REPO), str(_TESTS)]))
+  out = subprocess.run(
+      [sys.executable, '-m', 'agent_tunix.evaluate',
+       '--config=configs/tiny.py', f'--workdir={runs.c}'],
+      cwd=_REPO, env=env, capture_output=True, text=True,
+      timeout=_TIMEOUT_S, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert json.loads(out.stdout.strip().splitlines()[-1])['step'] == _NUM_STEPS

@@ -58,3 +58,14 @@ def embedding_side(prompts, completions, completion_tokens, **unused):
   side = _positive_side()
   return [float(side[np.asarray(t, np.int64)].mean()) if len(t) else 0.0
           for t in completion_tokens]
+
+
+CALLS = {'fail_on_third_call': 0}
+
+
+def fail_on_third_call(prompts, completions, **unused):
+  """Scores like text_length, but raises on its third call (step 3)."""
+  CALLS['fail_on_third_call'] += 1
+  if CALLS['fail_on_third_call'] == 3:
+    raise RuntimeError('fail_on_third_call: reward server went away')
+  return text_length(prompts, completions, **unused)
