@@ -15,7 +15,10 @@ import sys
 
 import pytest
 
-from agent_tunix import bench
+from agent_tunix.bench import context
+from agent_tunix.bench import options
+from agent_tunix.bench import records
+from agent_tunix.bench import report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKIPPED = ('tunix', 'trl', 'memory')
@@ -50,7 +53,7 @@ def _by_name(result):
 
 def test_top_level_and_machine(quick):
   result, _ = quick
-  assert result['schema_version'] == bench.SCHEMA_VERSION
+  assert result['schema_version'] == records.SCHEMA_VERSION
   assert set(result) == {'schema_version', 'argv', 'machine', 'settings',
                          'measurements', 'goals'}
   machine = result['machine']
@@ -74,7 +77,7 @@ def test_every_measurement_has_the_schema(quick):
   for m in result['measurements']:
     assert set(m) == MEASUREMENT_KEYS, m['name']
     assert m['status'] in ('ok', 'partial', 'skipped', 'error')
-    assert set(m['sections']) <= set(bench.SECTIONS)
+    assert set(m['sections']) <= set(options.SECTIONS)
     for side in (m['ours'], m['peer']):
       if side is not None:
         assert isinstance(side['name'], str)
@@ -105,7 +108,7 @@ def test_grpo_step_side(quick):
   assert m['peer'] is None
   ours = m['ours']
   assert len(ours['steps_s']) == 2
-  assert len(ours['warmup_steps_s']) == bench.WARMUP_STEPS
+  assert len(ours['warmup_steps_s']) == context.WARMUP_STEPS
   assert ours['compile_s'] >= 0
   assert set(ours['breakdown_s']) == {'rollout', 'other', 'reference_logps',
                                       'update'}
@@ -179,7 +182,7 @@ def _decode_measurement(batch_size, fraction):
 ])
 def test_decode_goal_is_judged_by_the_smallest_fraction(fractions, value,
                                                         met):
-  result = bench.goals(
+  result = report.goals(
       [_decode_measurement(b, f) for b, f in fractions.items()])
   goal = result['decode_ge_0.7_of_bandwidth_bound']
   assert goal['value'] == value
@@ -189,7 +192,7 @@ def test_decode_goal_is_judged_by_the_smallest_fraction(fractions, value,
 
 
 def test_decode_goal_without_decode_measurements_is_undecided():
-  goal = bench.goals([])['decode_ge_0.7_of_bandwidth_bound']
+  goal = report.goals([])['decode_ge_0.7_of_bandwidth_bound']
   assert goal['value'] is None
   assert goal['met'] is None
   assert goal['note'] is None
@@ -204,12 +207,12 @@ def test_unknown_section_is_rejected():
 def test_measurement_status_and_ratio():
   ours = {'name': 'a', 'median_s': 2.0}
   peer = {'name': 'b', 'median_s': 4.0}
-  ok = bench.measurement('x', ['grpo'], {}, ours, peer)
+  ok = records.measurement('x', ['grpo'], {}, ours, peer)
   assert (ok['status'], ok['ratio']) == ('ok', 0.5)
-  partial = bench.measurement('x', ['grpo'], {}, ours, None, 'tunix: why')
+  partial = records.measurement('x', ['grpo'], {}, ours, None, 'tunix: why')
   assert (partial['status'], partial['ratio']) == ('partial', None)
-  assert bench.measurement('x', [], {}, reason='r')['status'] == 'skipped'
-  assert bench.measurement('x', [], {}, ours, peer, 'e',
+  assert records.measurement('x', [], {}, reason='r')['status'] == 'skipped'
+  assert records.measurement('x', [], {}, ours, peer, 'e',
                            error=True)['status'] == 'error'
 
 

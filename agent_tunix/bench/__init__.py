@@ -1,0 +1,7 @@
+"""Benchmarks of this trainer against peers: `python -m agent_tunix.bench`.
+
+One module per section (grpo_step, tunix_step, trl_step, decode_speed,
+update_memory), the shared workload (context), the JSON records (records),
+goals and table (report), flags (options); `__main__` runs them and
+documents the JSON (`--help`).
+"""

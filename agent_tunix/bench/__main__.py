@@ -1,0 +1,231 @@
+r"""Benchmarks this trainer against peers on identical workloads, in one run.
+
+  python -m agent_tunix.bench --config=configs/gemma3_270m.py \
+      --config.generation.max_prompt_length=128 \
+      --config.generation.max_generation_steps=32 \
+      --config.generation.kv_cache_size=160 \
+      --config.eval.max_generation_steps=32 --output=/tmp/bench.json
+  python -m agent_tunix.bench --quick --output=/tmp/quick.json
+
+Everything is built and timed in one process on one machine, so the numbers
+compare. GRPO steps run twice untimed to warm up (compilation, and the
+recompile a first update can cause; `compile_s` = warm-up time minus twice
+the median), other measurements once; then each runs --steps times and the
+median is reported.
+
+Sections (--skip takes a comma list of their names):
+
+  grpo    Our GRPO step: rollout.Rollout.generate, a toy reward, group
+          advantages, grpo.reference_logps (beta > 0) and grpo.train_step.
+  tunix   The same step with tunix's GRPOLearner on an RLCluster (same model
+          weights, tokenizer, mesh, G, lengths, beta, micro-batch, LoRA rank,
+          optimizer and reward). Its step is timed from the start of
+          RLCluster.generate to the end of the step's last
+          RLCluster.update_actor; the three calls are wrapped (on the
+          instance) to give the breakdown.
+  trl     The same step with TRL's GRPOTrainer on the same weights, read by
+          transformers from the GGUF file. Needs `torch`, `trl` and `peft`
+          importable (optional, not in requirements.txt) and
+          model.source='gguf'; skipped with a reason otherwise.
+  decode  Sampler decode tokens/s at --decode_batch_sizes, against the
+          memory-bandwidth bound: the bytes read per decode step (all model
+          weights plus the whole allocated KV cache, which tunix's sampler
+          attends over with a mask) divided by the copy bandwidth measured on
+          this machine ((read + written bytes) / time of a pass over a 256 MB
+          array: the larger of a jitted in-place x + 1 and, on CPU, a NumPy
+          copy; see memory_bandwidth). Also
+          against a roofline bound, the slower of that and the decode step's
+          matmul FLOPs at a measured large-matmul rate: a CPU is compute-bound
+          at batch sizes where the bandwidth bound cannot be reached. And
+          against a read-bandwidth bound: bytes per step / bytes read per
+          second by a sum over a large array. A decode step mostly reads,
+          and where reads run faster than copies, decode can pass the copy
+          bound; the read bound is the tighter one there.
+  memory  One update (grpo.train_step: chunked log-probs, the config's
+          model.remat) against the naive update: the same update with
+          naive log-probs swapped in (full [B, T, V] logits from the model,
+          then log_softmax and gather) and no remat (every activation
+          kept). Same loss, micro-batching and optimizer; both run every row
+          in full (prompt_group 1, no shared prompt forward). When
+          model.remat is not 'none', the naive update with the same remat is
+          compiled too (memory only, `peer.same_remat`), which shows the
+          chunked log-probs' own share. Memory comes from the compiled
+          executable's memory_analysis(): `temp_bytes` (XLA's scratch
+          buffers: activations, logits, gradients) and `peak_bytes` = temp +
+          argument + output - alias bytes (everything the executable holds
+          at once, weights included). Both executables are then timed.
+
+Workload settings come from the config (override any field with
+--config.section.field=value): generation.max_prompt_length (prompt bucket
+P), generation.max_generation_steps (C), generation.kv_cache_size,
+grpo.num_generations (G), training.batch_size (B prompts),
+training.micro_batch_size (prompts per micro-batch), model.lora_rank,
+grpo.beta, grpo.loss_agg_mode, grpo.kl_estimator and the sampling settings.
+End tokens are disabled in every sampler, so each completion is exactly C
+tokens and every side decodes and trains on the same number of tokens.
+
+--quick benchmarks configs/tiny.py (a random 2-layer model with the real
+vocabulary) at small sizes instead of --config, for smoke tests.
+
+JSON written to --output:
+
+  {
+    "schema_version": 1,
+    "argv": [str],
+    "machine": {"jax_backend": str, "device_kind": str, "device_count": int,
+                "cpu_count": int, "load_average": [float], "platform": str,
+                "versions": {package: str}},
+    "settings": {...},            # the shared workload (see above)
+    "measurements": [measurement],
+    "goals": {name: {"target": str, "value": float|null, "met": bool|null,
+                     "note": str}},
+  }
+
+  measurement = {
+    "name": str,                  # grpo_step_vs_tunix, grpo_step_vs_trl,
+                                  # decode_batch_<b>, update_memory
+    "sections": [str],            # the --skip names it depends on
+    "status": "ok" | "partial" | "skipped" | "error",
+    "reason": str | null,         # why partial/skipped/error
+    "settings": {...},            # what was run
+    "ours": {"name": str, "median_s": float, "steps_s": [float], ...} | null,
+    "peer": {"name": str, "median_s": float, "steps_s": [float], ...} | null,
+    "ratio": float | null,        # ours.median_s / peer.median_s
+  }
+
+"partial" means one side ran and the other was skipped. For decode, the peer
+is the bandwidth bound (its median_s is the bound's time for the same decode
+steps), so ours["fraction_of_bound"] = 1 / ratio; ours also carries
+"roofline_tokens_per_s" and "fraction_of_roofline", against the larger of
+that time and settings["flops_per_step"] (matmul FLOPs: every weight matrix
+once, the tied embedding as the output projection, plus attention over the KV
+cache) divided by a measured large-matmul FLOP/s in the model dtype
+(settings["matmul_throughput"]), and "read_bound_tokens_per_s" /
+"fraction_of_read_bound", with settings["read_bandwidth"] in place of the
+copy bandwidth. settings["cpu_decode_graph"] says whether the sampler ran
+models.decode's CPU graph (no per-step KV cache or weight copies; output
+projection as E @ x.T at settings["column_decode_rows"] = [min, max] rows).
+GRPO sides carry "compile_s", "breakdown_s" and "tokens_per_s" (completion
+tokens per second of step time); the memory sides carry "temp_bytes",
+"peak_bytes" and the other memory_analysis() fields.
+"""
+
+import json
+import os
+import sys
+import tempfile
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from agent_tunix import config_lib
+from agent_tunix.bench import context
+from agent_tunix.bench import decode_speed
+from agent_tunix.bench import grpo_step
+from agent_tunix.bench import options
+from agent_tunix.bench import records
+from agent_tunix.bench import report
+from agent_tunix.bench import trl_step
+from agent_tunix.bench import tunix_step
+from agent_tunix.bench import update_memory
+
+
+def run(config, skip, decode_batch_sizes):
+  """Runs the sections not in `skip`; returns the result dict."""
+  with tempfile.TemporaryDirectory(prefix='bench_') as workdir:
+    return _run(context.build_context(config, workdir), skip,
+                decode_batch_sizes)
+
+
+def _run(ctx, skip, decode_batch_sizes):
+  settings = ctx.settings
+  measurements = []
+
+  ours, ours_reason, ours_err = records.run_section(
+      'grpo', skip, grpo_step.ours_grpo, ctx
+  )
+  for section, fn, name in (
+      ('tunix', tunix_step.tunix_grpo, 'grpo_step_vs_tunix'),
+      ('trl', trl_step.trl_grpo, 'grpo_step_vs_trl'),
+  ):
+    peer, peer_reason, peer_err = records.run_section(section, skip, fn, ctx)
+    measurements.append(records.measurement(
+        name, ['grpo', section], settings, ours, peer,
+        records.join_reasons(ours_reason, peer_reason), ours_err or peer_err,
+    ))
+
+  decoded, reason, err = records.run_section(
+      'decode', skip, decode_speed.decode_measurements, ctx, decode_batch_sizes
+  )
+  if decoded:
+    measurements.extend(decoded)
+  else:
+    measurements.append(records.measurement(
+        'decode', ['decode'], {'batch_sizes': decode_batch_sizes},
+        reason=reason, error=err,
+    ))
+
+  mem, reason, err = records.run_section(
+      'memory', skip, update_memory.memory_measurement, ctx
+  )
+  measurements.append(mem or records.measurement(
+      'update_memory', ['memory'], settings, reason=reason, error=err
+  ))
+  return {
+      'schema_version': records.SCHEMA_VERSION,
+      'argv': sys.argv,
+      'machine': records.machine_info(),
+      'settings': settings,
+      'measurements': measurements,
+      'goals': report.goals(measurements),
+  }
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  skip = {s.strip() for s in options.SKIP.value if s.strip()}
+  unknown = sorted(skip - set(options.SECTIONS))
+  if unknown:
+    raise app.UsageError(
+        f'--skip has unknown sections {unknown}; choose from '
+        f'{",".join(options.SECTIONS)}.'
+    )
+  if options.STEPS.value < 1:
+    raise app.UsageError(f'--steps={options.STEPS.value} must be >= 1.')
+  sizes = options.DECODE_BATCH_SIZES.value
+  if options.QUICK.value:
+    config = context.quick_config()
+    if not flags.FLAGS['decode_batch_sizes'].present:
+      sizes = ['1', '4']
+  else:
+    config = options.CONFIG.value
+  try:
+    batch_sizes = [int(s) for s in sizes]
+  except ValueError as e:
+    raise app.UsageError(
+        f'--decode_batch_sizes={",".join(sizes)} must be integers.'
+    ) from e
+  if any(b < 1 for b in batch_sizes):
+    raise app.UsageError(f'--decode_batch_sizes={sizes} must be >= 1.')
+  try:
+    result = run(config, skip, batch_sizes)
+  except config_lib.ConfigError as e:
+    raise SystemExit(f'bench: {e}') from e
+  report.print_table(result)
+  if options.OUTPUT.value:
+    directory = os.path.dirname(options.OUTPUT.value)
+    if directory:
+      os.makedirs(directory, exist_ok=True)
+    with open(options.OUTPUT.value, 'w') as f:
+      json.dump(result, f, indent=2)
+    logging.info('Wrote %s', options.OUTPUT.value)
+  if any(m['status'] == 'error' for m in result['measurements']):
+    sys.exit(1)
+
+
+if __name__ == '__main__':
+  options.define_flags()
+  flags.adopt_module_key_flags(options)  # --help lists them.
+  app.run(main)

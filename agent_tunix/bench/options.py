@@ -1,0 +1,69 @@
+"""The bench's command-line flags, readable with their defaults on import.
+
+The flags are defined only when the bench is the program (`__main__`
+calls `define_flags()`): importing the package (tests do) must not define
+--config, which other CLIs in the same process define too. Until then each
+holder below carries the flag's default in `.value`.
+"""
+
+import os
+
+from absl import flags
+from ml_collections import config_flags
+
+SECTIONS = ('grpo', 'tunix', 'trl', 'decode', 'memory')
+REPO_ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
+_DEFAULT_CONFIG = os.path.join(REPO_ROOT, 'configs', 'gemma3_270m.py')
+
+
+class _Value:
+  """A flag's default while the bench is imported, not run as a program."""
+
+  def __init__(self, value):
+    self.value = value
+
+
+# Replaced by flag holders in define_flags().
+CONFIG = _Value(None)
+QUICK = _Value(False)
+OUTPUT = _Value('')
+STEPS = _Value(3)
+DECODE_BATCH_SIZES = _Value(['1', '4', '16', '64'])
+DECODE_PROMPT_LENGTH = _Value(32)
+SKIP = _Value([])
+
+
+def define_flags():
+  """Defines the command-line flags (`python -m agent_tunix.bench --help`)."""
+  global CONFIG, QUICK, OUTPUT, STEPS, DECODE_BATCH_SIZES
+  global DECODE_PROMPT_LENGTH, SKIP
+  CONFIG = config_flags.DEFINE_config_file(
+      'config', _DEFAULT_CONFIG, 'Config file (a get_config() module).',
+      lock_config=True,
+  )
+  QUICK = flags.DEFINE_bool(
+      'quick', QUICK.value,
+      'Benchmark configs/tiny.py at small sizes (ignores --config); seconds.',
+  )
+  OUTPUT = flags.DEFINE_string(
+      'output', OUTPUT.value, 'Write the JSON results here.'
+  )
+  STEPS = flags.DEFINE_integer(
+      'steps', STEPS.value,
+      'Timed repetitions per measurement (after the warm-up).',
+  )
+  DECODE_BATCH_SIZES = flags.DEFINE_list(
+      'decode_batch_sizes', DECODE_BATCH_SIZES.value,
+      'Batch sizes for the decode section (default 1,4 with --quick).',
+  )
+  DECODE_PROMPT_LENGTH = flags.DEFINE_integer(
+      'decode_prompt_length', DECODE_PROMPT_LENGTH.value,
+      'Prompt bucket of the decode section; its KV cache holds this many '
+      'tokens plus generation.max_generation_steps.',
+  )
+  SKIP = flags.DEFINE_list(
+      'skip', SKIP.value,
+      f'Sections to skip, comma-separated: {",".join(SECTIONS)}.',
+  )
