@@ -125,6 +125,10 @@ class StepHParams:
       sampler's (batch['sampler_logps'], required). It corrects for a
       sampler whose numerics differ from the trainer's (bfloat16, other
       kernels, a remote sampler); the KL term is not weighted.
+    completion_norm: the tokens per sequence 'sequence-mean-token-sum-norm'
+      (Dr. GRPO) divides by; 0 = the batch's completion length C. The train
+      loop sets generation.max_generation_steps, so trimming a batch to a
+      shorter bucket (`trim_completions`) leaves the loss unchanged.
   """
 
   beta: float = 0.04
@@ -138,6 +142,7 @@ class StepHParams:
   prompt_group: int = 1
   temperature: float = 1.0
   tis_cap: float = 0.0
+  completion_norm: int = 0
 
   def __post_init__(self):
     _check_choice('kl_estimator', self.kl_estimator, KL_ESTIMATORS)
@@ -201,6 +206,7 @@ def hparams_from_config(config: Any) -> StepHParams:
       ),
       temperature=float(config.generation.temperature or 1.0),
       tis_cap=float(config.grpo.tis_cap),
+      completion_norm=int(config.generation.max_generation_steps),
   )
 
 
@@ -652,6 +658,71 @@ def aggregate_loss(
   return per_seq.sum() / count
 
 
+# ------------------------------------------------------ completion buckets
+
+# The shortest completion bucket (see `completion_bucket`).
+SMALLEST_COMPLETION_BUCKET = 16
+
+
+def completion_bucket(longest: int, max_len: int,
+                      smallest: int = SMALLEST_COMPLETION_BUCKET) -> int:
+  """Completion columns the update and reference pass run on.
+
+  The smallest of smallest * 2^k (k >= 0) that holds `longest` tokens,
+  capped at `max_len` (generation.max_generation_steps): the passes compile
+  once per bucket (at most log2(max_len / smallest) + 2 of them) and cost
+  what the batch's longest completion needs, not max_len.
+
+  Args:
+    longest: the batch's longest completion, in tokens (all processes).
+    max_len: the completion length the rollout sampled (the buffer's).
+    smallest: the first bucket.
+
+  Returns:
+    The bucket, in [1, max_len].
+  """
+  if not 0 <= longest <= max_len:
+    raise ValueError(f'longest={longest} must be in [0, max_len={max_len}].')
+  bucket = smallest
+  while bucket < longest:
+    bucket *= 2
+  return max(1, min(bucket, max_len))
+
+
+def trim_completions(batch: dict[str, Any], length: int) -> dict[str, Any]:
+  """The batch with its completion columns cut to the first `length`.
+
+  tokens and input_mask [N, P + C] keep P + length columns; the [N, C]
+  arrays (completion_mask, old/ref/sampler log-probs) keep `length`. The
+  columns dropped must be masked out (completion_mask 0): then loss,
+  gradients and metrics are those of the full batch (with
+  hp.completion_norm set for Dr. GRPO).
+
+  Args:
+    batch: host or device arrays in the module docstring's layout.
+    length: completion columns to keep (`completion_bucket`).
+
+  Returns:
+    A new dict; other keys are passed through.
+  """
+  completion_len = batch['completion_mask'].shape[1]
+  if not 0 < length <= completion_len:
+    raise ValueError(
+        f'length={length} must be in (0, {completion_len}].'
+    )
+  cut = completion_len - length
+  if not cut:
+    return dict(batch)
+  trimmed = dict(batch)
+  for key, value in batch.items():
+    if key in ('tokens', 'input_mask'):
+      trimmed[key] = value[:, :value.shape[1] - cut]
+    elif key in ('completion_mask', 'old_logps', 'ref_logps',
+                 'sampler_logps'):
+      trimmed[key] = value[:, :length]
+  return trimmed
+
+
 # -------------------------------------------------------------- optimizer
 
 
@@ -944,7 +1015,8 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
     # Weight each micro-batch by its share of the full-batch normaliser so
     # that the sum over micro-batches is the full-batch loss for every mode.
     weight = _agg_count(micro_mask, hp.loss_agg_mode) / total
-    loss = aggregate_loss(per_token, micro_mask, hp.loss_agg_mode) * weight
+    loss = aggregate_loss(per_token, micro_mask, hp.loss_agg_mode,
+                          max_len=hp.completion_norm or None) * weight
     return loss, sums
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)

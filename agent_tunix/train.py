@@ -201,8 +201,19 @@ def _rollout_scalars(total, per_fn, lengths, truncated, g):
 
 
 def update_policy(session, update):
-  """Reference/old log-probs as needed, then num_iterations updates."""
+  """Reference/old log-probs as needed, then num_iterations updates.
+
+  The passes run on the batch's completion columns cut to the bucket of its
+  longest completion over all processes (`grpo.completion_bucket`): the
+  columns dropped are all masked out, so the update is the same at the cost
+  of the tokens that exist.
+  """
   config = session.config
+  lengths = update['completion_mask'].sum(axis=1).astype(np.int64)
+  longest = int(sharding.allgather_concat(
+      np.array([lengths.max(initial=0)])).max())
+  bucket = grpo.completion_bucket(longest, update['completion_mask'].shape[1])
+  update = grpo.trim_completions(update, bucket)
   batch = sharding.shard_batch(update, session.mesh)
   session.last_batch = batch
   if config.grpo.beta > 0:

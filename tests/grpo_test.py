@@ -1,5 +1,6 @@
 """Tests for agent_tunix.grpo: GRPO math against NumPy, and the update."""
 
+import dataclasses
 import functools
 import os
 import re
@@ -922,3 +923,87 @@ def test_prompt_group_must_divide_the_micro_batch():
     grpo.StepHParams(micro_batch_size=4, prompt_group=3)
   with pytest.raises(ValueError, match='prompt_group=0'):
     grpo.StepHParams(prompt_group=0)
+
+
+# ------------------------------------------------------ completion buckets
+
+
+def test_completion_bucket():
+  table = {0: 16, 1: 16, 16: 16, 17: 32, 64: 64, 100: 128, 129: 192,
+           192: 192}
+  for longest, want in table.items():
+    assert grpo.completion_bucket(longest, 192) == want, longest
+  assert {grpo.completion_bucket(n, 192) for n in range(193)} == {
+      16, 32, 64, 128, 192}
+  assert grpo.completion_bucket(5, 8) == 8
+  assert grpo.completion_bucket(3, 8, smallest=2) == 4
+  with pytest.raises(ValueError, match='longest=9'):
+    grpo.completion_bucket(9, 8)
+
+
+def _short_completions_batch(longest=3, completion_len=8):
+  """A batch whose completions use only the first `longest` of its columns;
+  the other columns hold junk tokens, masked out as the rollout masks them."""
+  batch = {k: np.array(v) for k, v in _batch(
+      num_rows=4, prompt_len=3, completion_len=completion_len).items()}
+  prompt_len = 3
+  batch['completion_mask'][:, longest:] = 0.0
+  batch['completion_mask'][1, 1:] = 0.0  # Rows of different lengths.
+  batch['input_mask'][:, prompt_len:] = batch['completion_mask'] > 0
+  rng = np.random.default_rng(9)
+  batch['sampler_logps'] = (batch['old_logps'] + rng.normal(
+      0, 0.3, batch['old_logps'].shape)).astype(np.float32)
+  return {k: jnp.asarray(v) for k, v in batch.items()}
+
+
+@pytest.mark.parametrize('mode', ['token-mean',
+                                  'sequence-mean-token-sum-norm'])
+def test_trimmed_batch_gives_the_full_batchs_update(abstract_lora_model,
+                                                    mode):
+  model = _lora_model(abstract_lora_model)
+  batch = _short_completions_batch(longest=3, completion_len=8)
+  trimmed = grpo.trim_completions(batch, 4)
+  assert trimmed['tokens'].shape == (4, 7)
+  assert trimmed['completion_mask'].shape == (4, 4)
+  assert trimmed['sampler_logps'].shape == (4, 4)
+  np.testing.assert_array_equal(trimmed['advantages'], batch['advantages'])
+  hp = grpo.StepHParams(loss_agg_mode=mode, micro_batch_size=2, tis_cap=2.0,
+                        completion_norm=8, **_LOSS_HP)
+  want_grads, want = grpo.compute_grads(model, batch, hp)
+  got_grads, got = grpo.compute_grads(model, trimmed, hp)
+  assert set(got) == set(want)
+  for name in want:
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6,
+                               err_msg=name)
+  assert float(want['grad_norm']) > 0
+  for w, g in zip(jax.tree.leaves(want_grads), jax.tree.leaves(got_grads)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+  if mode == 'sequence-mean-token-sum-norm':
+    # Dr. GRPO divides by the sampled length: without completion_norm the
+    # trimmed batch would change the loss.
+    plain = dataclasses.replace(hp, completion_norm=0)
+    short = grpo.compute_grads(model, trimmed, plain)[1]['loss']
+    assert abs(float(short) - float(want['loss'])) > 1e-4
+
+
+def test_only_bucket_shapes_compile(abstract_lora_model):
+  model = _lora_model(abstract_lora_model)
+  hp = grpo.StepHParams(chunk_size=7, micro_batch_size=2)  # Its own cache.
+  jitted = grpo._LOGPS((nnx.split(model)[0],))  # pylint: disable=protected-access
+  before = jitted._cache_size()  # pylint: disable=protected-access
+  shapes = set()
+  for longest in (1, 2, 3, 4, 5, 7, 8, 2):
+    batch = _short_completions_batch(longest=longest, completion_len=8)
+    mask = np.asarray(batch['completion_mask'])
+    bucket = grpo.completion_bucket(
+        int(mask.sum(axis=1).max()), 8, smallest=2)
+    trimmed = grpo.trim_completions(batch, bucket)
+    shapes.add(trimmed['tokens'].shape)
+    logps = np.asarray(grpo.policy_logps(model, trimmed, hp))
+    full = np.asarray(grpo.policy_logps(model, batch, hp))
+    kept = np.asarray(trimmed['completion_mask']) > 0
+    np.testing.assert_allclose(logps[kept], full[:, :bucket][kept],
+                               rtol=1e-5, atol=1e-6)
+  # Buckets 2, 4 and 8 (the last is the full batch's shape, too).
+  assert shapes == {(4, 5), (4, 7), (4, 11)}
+  assert jitted._cache_size() - before == 3  # pylint: disable=protected-access
