@@ -16,7 +16,9 @@ batch, micro-batching, remat, LoRA and KV cache:
                    (XLA's cost analysis counts the loop body once, so its
                    flops and bytes are those of one decode step)
   reference_logps  grpo.logps_program (LoRA off), when grpo.beta > 0
-  old_logps        the same with LoRA on, when grpo.num_iterations > 1
+  policy_logps     the same with LoRA on: the old-policy log-probs when
+                   grpo.num_iterations > 1, and the finiteness check before
+                   every checkpoint save (divergence.check_state)
   update           grpo.TRAIN_STEP: gradient over the micro-batches and the
                    optimizer step
 
@@ -68,7 +70,7 @@ from agent_tunix.models import gemma
 from agent_tunix.models import lora
 
 PROGRAMS = ('rollout_prefill', 'rollout_decode', 'reference_logps',
-            'old_logps', 'update')
+            'policy_logps', 'update')
 
 
 # The TPU compiler's refusal of a program larger than the HBM.
@@ -116,7 +118,7 @@ class Program:
   """One compiled program's per-chip figures."""
 
   name: str
-  calls_per_step: int
+  calls_per_step: float  # Amortised: policy_logps runs once per save.
   argument_bytes: int
   output_bytes: int
   alias_bytes: int
@@ -418,9 +420,12 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
   if 'reference_logps' in programs and g.beta > 0:
     compiler('reference_logps', logps_fn, (model_state, logps_batch),
              {'hp': hp, 'use_lora': False}, 1, opt_bytes, micro_batches)
-  if 'old_logps' in programs and g.num_iterations > 1:
-    compiler('old_logps', logps_fn, (model_state, logps_batch),
-             {'hp': hp, 'use_lora': True}, 1, opt_bytes, micro_batches)
+  if 'policy_logps' in programs:
+    # Once per step with num_iterations > 1; otherwise only before saves.
+    every = config.checkpoint.save_interval_steps
+    calls = 1 if g.num_iterations > 1 else (1 / every if every else 0)
+    compiler('policy_logps', logps_fn, (model_state, logps_batch),
+             {'hp': hp, 'use_lora': True}, calls, opt_bytes, micro_batches)
   if 'update' in programs:
     graphdefs, arrays = grpo.train_step_inputs(model, optimizer)
     compiler('update', grpo.TRAIN_STEP(graphdefs), (*arrays, batch),
@@ -435,7 +440,7 @@ def fixes(config, program, spec):
   m, t, gen = config.model, config.training, config.generation
   if m.dtype == 'float32':
     out.append("--config.model.dtype=bfloat16 (halves the weights)")
-  if program.name in ('update', 'reference_logps', 'old_logps'):
+  if program.name in ('update', 'reference_logps', 'policy_logps'):
     if t.micro_batch_size > 1:
       out.append(f'--config.training.micro_batch_size='
                  f'{max(1, t.micro_batch_size // 2)} (fewer rows per pass)')
@@ -567,7 +572,7 @@ def format_report(result):
         f"{_gib(r['resident_bytes']):>7s} {_gib(r['total_bytes']):>7s}  "
         f"{'yes ' if r['fits'] else 'NO  '}  {r['flops'] / 1e9:9.1f} "
         f"{r['bytes_accessed'] / 1e9:8.2f} {r['time_bound_s'] * 1e3:9.2f} "
-        f"x {r['calls_per_step']}"
+        f"x {r['calls_per_step']:g}"
     )
   lines.append(
       f"Step time lower bound: {result['step_time_bound_s']:.3f} s "

@@ -84,12 +84,14 @@ def test_tiny_programs_compile_for_one_host():
   result = preflight.run(config, 'v5e:2x2')
   programs = _by_name(result)
   assert set(programs) == {'rollout_prefill', 'rollout_decode',
-                           'reference_logps', 'update'}
+                           'reference_logps', 'policy_logps', 'update'}
   for p in programs.values():
     assert p['argument_bytes'] > 0 and p['temp_bytes'] > 0, p
     assert p['flops'] > 0 and p['bytes_accessed'] > 0, p
     assert p['fits'] and p['time_bound_s'] > 0
   assert programs['rollout_decode']['calls_per_step'] == 8
+  # tiny saves every step: the check before each save runs once a step.
+  assert programs['policy_logps']['calls_per_step'] == 1
   # The optimizer state lives through the rollout without being its input.
   assert programs['rollout_prefill']['resident_bytes'] > 0
   assert programs['update']['resident_bytes'] == 0
@@ -114,7 +116,7 @@ def test_tiny_programs_compile_for_four_hosts():
   result = preflight.run(config, 'v5litepod-16')
   assert result['topology']['hosts'] == 4
   assert set(_by_name(result)) == {'rollout_prefill', 'rollout_decode',
-                                   'update'}
+                                   'policy_logps', 'update'}
   assert result['fits']
 
 
