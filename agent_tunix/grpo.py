@@ -775,6 +775,27 @@ def make_optimizer(
 # ------------------------------------------------------------------ update
 
 
+def optimizer_from_config(config: Any):
+  """`make_optimizer` for a run: (optax transformation, schedule).
+
+  The optimizer steps grpo.num_iterations (mu) times per training step, so
+  the schedule spans training.num_steps * mu optimizer updates.
+
+  Args:
+    config: the full config (optimizer, training, grpo sections).
+  """
+  opt = config.optimizer
+  return make_optimizer(
+      learning_rate=opt.learning_rate,
+      warmup_ratio=opt.warmup_ratio,
+      num_steps=config.training.num_steps * config.grpo.num_iterations,
+      b1=opt.b1,
+      b2=opt.b2,
+      weight_decay=opt.weight_decay,
+      max_grad_norm=opt.max_grad_norm,
+  )
+
+
 def _micro_batches(batch: dict[str, jax.Array], size: int, group: int = 1):
   """Splits every [N, ...] array into [N // size, size, ...] micro-batches.
 

@@ -174,22 +174,18 @@ def abstract_policy(config, mesh):
   """The run's LoRA model and optimizer, abstract, placed as training does.
 
   The model is the preset's architecture with the config's dtype and LoRA
-  (`models.lora.apply_lora`), and the optimizer is `grpo.make_optimizer`'s,
-  both built under `nnx.eval_shape`; every array is a ShapeDtypeStruct with
-  the sharding the trainer gives it (`nnx.get_named_sharding` of the
-  modules' sharding metadata: what `models.gemma` loads weights with and
-  what qwix and the optimizer inherit).
+  (`models.lora.apply_lora`) and the optimizer the trainer's
+  (`grpo.optimizer_from_config`), both built under `nnx.eval_shape`; every
+  array is a ShapeDtypeStruct with the sharding the trainer gives it
+  (`nnx.get_named_sharding` of the modules' sharding metadata: what
+  `models.gemma` loads weights with and what qwix and the optimizer
+  inherit; tests/preflight_test.py compares the two on fake devices).
 
   Returns:
     (model, optimizer) NNX objects whose arrays are ShapeDtypeStructs.
   """
   cfg = gemma.model_config(config.model)
-  opt = config.optimizer
-  tx, _ = grpo.make_optimizer(
-      learning_rate=opt.learning_rate, warmup_ratio=opt.warmup_ratio,
-      num_steps=config.training.num_steps, b1=opt.b1, b2=opt.b2,
-      weight_decay=opt.weight_decay, max_grad_norm=opt.max_grad_norm,
-  )
+  tx, _ = grpo.optimizer_from_config(config)
 
   def build():
     model = gemma3_lib.Gemma3(cfg, rngs=nnx.Rngs(0))

@@ -90,17 +90,7 @@ def setup(config, workdir, with_data=True):
       stop_sequences=rollout.stop_sequences_from_config(config),
       decode_chunk_steps=config.generation.decode_chunk_steps,
   )
-  # The optimizer steps num_iterations (mu) times per training step, so the
-  # schedule spans num_steps * mu optimizer updates.
-  tx, schedule = grpo.make_optimizer(
-      learning_rate=config.optimizer.learning_rate,
-      warmup_ratio=config.optimizer.warmup_ratio,
-      num_steps=config.training.num_steps * config.grpo.num_iterations,
-      b1=config.optimizer.b1,
-      b2=config.optimizer.b2,
-      weight_decay=config.optimizer.weight_decay,
-      max_grad_norm=config.optimizer.max_grad_norm,
-  )
+  tx, schedule = grpo.optimizer_from_config(config)
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.LoRAParam)
   sharding.place_optimizer(optimizer, mesh)
   session = Session(
