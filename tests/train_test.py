@@ -22,6 +22,7 @@ import tensorflow as tf
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from agent_tunix import checkpoint
+from agent_tunix import plot
 from agent_tunix import rewards
 from agent_tunix import train
 from configs import tiny
@@ -114,6 +115,40 @@ def test_event_file_has_every_metric(run):
       content).session_start_info.hparams
   assert hparams['training.num_steps'].number_value == 2
   assert hparams['rewards.functions'].string_value == _REWARDS
+
+
+def test_plot_draws_the_run(run, tmp_path):
+  _, workdir, result = run
+  events = read_events(workdir)
+  output = tmp_path / 'run.png'
+  drawn = plot.plot(str(workdir), str(output))
+  assert output.stat().st_size > 10_000
+
+  def logged(tag):
+    steps = sorted(events[tag])
+    return steps, [pytest.approx(float(events[tag][s][0])) for s in steps]
+
+  assert drawn == {
+      'Reward': {
+          'total': logged('reward/mean'),
+          'format_approx': logged('reward/format_approx/mean'),
+          'answer': logged('reward/answer/mean'),
+          'reward_fixtures_text_length':
+              logged('reward/reward_fixtures_text_length/mean'),
+      },
+      'Eval accuracy': {
+          'accuracy': logged('eval/accuracy'),
+          'format accuracy': logged('eval/format_accuracy'),
+      },
+      'Completion length': {'mean': logged('completion/mean_length')},
+      'KL to the reference': {'kl': logged('kl')},
+      'Entropy': {'entropy': logged('entropy')},
+  }
+  assert drawn['Reward']['total'][0] == [1, 2]
+  # The last eval point is the final evaluation the run returned.
+  steps, values = drawn['Eval accuracy']['accuracy']
+  assert steps == [0, 2]
+  assert values[-1] == pytest.approx(result['eval']['accuracy'])
 
 
 def test_checkpoints_written(run):
