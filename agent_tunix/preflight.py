@@ -627,27 +627,35 @@ def run(config, topology, programs=PROGRAMS, keep_going=False):
                 skipped=skipped)
 
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', None, 'Config file (a get_config() module).', lock_config=True
-)
-_TOPOLOGY = flags.DEFINE_string(
-    'topology', None,
-    'TPU slice: a topology (v5e:2x2, v5e:4x4, v5p:2x2x2) or an accelerator '
-    'type as gcloud spells it (v5litepod-8, v5litepod-16, v6e-8, v5p-8, '
-    'v4-8; v5e-N means v5litepod-N).'
-)
-_OUTPUT = flags.DEFINE_string(
-    'output', None, 'Also write the full report as JSON to this file.'
-)
-_KEEP_GOING = flags.DEFINE_bool(
-    'keep_going', False,
-    'Compile every program even after one does not fit (by default the '
-    'preflight stops at the first).'
-)
-_PROGRAMS = flags.DEFINE_list(
-    'programs', list(PROGRAMS),
-    'Programs to compile (those the config does not run are skipped).'
-)
+# Flag holders, set by _define_flags() only when this module is the program:
+# the bench imports it and defines its own --config.
+_CONFIG = _TOPOLOGY = _OUTPUT = _KEEP_GOING = _PROGRAMS = None
+
+
+def _define_flags():
+  """Defines the command-line flags (see the module docstring)."""
+  global _CONFIG, _TOPOLOGY, _OUTPUT, _KEEP_GOING, _PROGRAMS
+  _CONFIG = config_flags.DEFINE_config_file(
+      'config', None, 'Config file (a get_config() module).', lock_config=True
+  )
+  _TOPOLOGY = flags.DEFINE_string(
+      'topology', None,
+      'TPU slice: a topology (v5e:2x2, v5e:4x4, v5p:2x2x2) or an accelerator '
+      'type as gcloud spells it (v5litepod-8, v5litepod-16, v6e-8, v5p-8, '
+      'v4-8; v5e-N means v5litepod-N).'
+  )
+  _OUTPUT = flags.DEFINE_string(
+      'output', None, 'Also write the full report as JSON to this file.'
+  )
+  _KEEP_GOING = flags.DEFINE_bool(
+      'keep_going', False,
+      'Compile every program even after one does not fit (by default the '
+      'preflight stops at the first).'
+  )
+  _PROGRAMS = flags.DEFINE_list(
+      'programs', list(PROGRAMS),
+      'Programs to compile (those the config does not run are skipped).'
+  )
 
 
 def main(argv):
@@ -674,5 +682,6 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  _define_flags()
   flags.mark_flags_as_required(['config', 'topology'])
   app.run(main)
