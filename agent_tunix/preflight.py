@@ -626,7 +626,7 @@ def summary_table(reports):
     compiled = [p for p in r['programs'] if p['fits']]
     misfits = [p['name'] for p in r['programs'] if not p['fits']]
     fits = 'yes' if r['fits'] else 'no: ' + ', '.join(misfits)
-    bound = (f"{r['step_time_bound_s']:.1f} s" if r['fits'] and compiled
+    bound = (f"{r['step_time_bound_s']:.3g} s" if r['fits'] and compiled
              else '-')
     lines.append(
         f"| {r['config']['preset']} | {topo['name']} | {topo['chips']} "
@@ -666,32 +666,40 @@ def run(config, topology, programs=PROGRAMS, keep_going=False):
                 skipped=skipped)
 
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', None, 'Config file (a get_config() module).', lock_config=True
-)
-_TOPOLOGY = flags.DEFINE_string(
-    'topology', None,
-    'TPU slice: a topology (v5e:2x2, v5e:4x4, v5p:2x2x2) or an accelerator '
-    'type as gcloud spells it (v5litepod-8, v5litepod-16, v6e-8, v5p-8, '
-    'v4-8; v5e-N means v5litepod-N).'
-)
-_OUTPUT = flags.DEFINE_string(
-    'output', None, 'Also write the full report as JSON to this file.'
-)
-_KEEP_GOING = flags.DEFINE_bool(
-    'keep_going', False,
-    'Compile every program even after one does not fit (by default the '
-    'preflight stops at the first).'
-)
-_SUMMARIZE = flags.DEFINE_list(
-    'summarize', [],
-    'Instead of compiling: print a Markdown table of the --output JSON '
-    'files given (comma-separated), one row per file.'
-)
-_PROGRAMS = flags.DEFINE_list(
-    'programs', list(PROGRAMS),
-    'Programs to compile (those the config does not run are skipped).'
-)
+# Flag holders, set by _define_flags() only when this module is the program:
+# the bench imports it and defines its own --config.
+_CONFIG = _TOPOLOGY = _OUTPUT = _KEEP_GOING = _SUMMARIZE = _PROGRAMS = None
+
+
+def _define_flags():
+  """Defines the command-line flags (see the module docstring)."""
+  global _CONFIG, _TOPOLOGY, _OUTPUT, _KEEP_GOING, _SUMMARIZE, _PROGRAMS
+  _CONFIG = config_flags.DEFINE_config_file(
+      'config', None, 'Config file (a get_config() module).', lock_config=True
+  )
+  _TOPOLOGY = flags.DEFINE_string(
+      'topology', None,
+      'TPU slice: a topology (v5e:2x2, v5e:4x4, v5p:2x2x2) or an accelerator '
+      'type as gcloud spells it (v5litepod-8, v5litepod-16, v6e-8, v5p-8, '
+      'v4-8; v5e-N means v5litepod-N).'
+  )
+  _OUTPUT = flags.DEFINE_string(
+      'output', None, 'Also write the full report as JSON to this file.'
+  )
+  _KEEP_GOING = flags.DEFINE_bool(
+      'keep_going', False,
+      'Compile every program even after one does not fit (by default the '
+      'preflight stops at the first).'
+  )
+  _SUMMARIZE = flags.DEFINE_list(
+      'summarize', [],
+      'Instead of compiling: print a Markdown table of the --output JSON '
+      'files given (comma-separated), one row per file.'
+  )
+  _PROGRAMS = flags.DEFINE_list(
+      'programs', list(PROGRAMS),
+      'Programs to compile (those the config does not run are skipped).'
+  )
 
 
 def main(argv):
@@ -727,4 +735,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  _define_flags()
   app.run(main)

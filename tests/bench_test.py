@@ -1,7 +1,8 @@
 """Tests of the benchmark CLI (`python -m agent_tunix.bench`): JSON schema only.
 
 One quick run in a subprocess (tiny random model, short lengths, two timed
-steps) writes the JSON that most tests check. The tunix, TRL and memory
+steps) writes the JSON that most tests check; its preflight section compiles
+the workload for a v5e slice with libtpu (no TPU). The tunix, TRL and memory
 sections are skipped there to keep it short, which also checks that skipped
 sections are reported with a reason; a second quick run has only the memory
 section. No timing assertions.
@@ -19,6 +20,7 @@ from agent_tunix.bench import context
 from agent_tunix.bench import options
 from agent_tunix.bench import records
 from agent_tunix.bench import report
+from agent_tunix.bench import tpu_preflight
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKIPPED = ('tunix', 'trl', 'memory')
@@ -73,7 +75,7 @@ def test_every_measurement_has_the_schema(quick):
   result, _ = quick
   names = [m['name'] for m in result['measurements']]
   assert names == ['grpo_step_vs_tunix', 'grpo_step_vs_trl',
-                   'decode_batch_2', 'update_memory']
+                   'decode_batch_2', 'update_memory', 'tpu_preflight']
   for m in result['measurements']:
     assert set(m) == MEASUREMENT_KEYS, m['name']
     assert m['status'] in ('ok', 'partial', 'skipped', 'error')
@@ -81,8 +83,11 @@ def test_every_measurement_has_the_schema(quick):
     for side in (m['ours'], m['peer']):
       if side is not None:
         assert isinstance(side['name'], str)
-        assert side['median_s'] > 0
-    if m['ours'] and m['peer']:
+        if m['name'] != 'tpu_preflight':  # It times nothing.
+          assert side['median_s'] > 0
+    if m['name'] == 'tpu_preflight':
+      assert m['peer'] is None and m['ratio'] is None
+    elif m['ours'] and m['peer']:
       assert math.isclose(
           m['ratio'], m['ours']['median_s'] / m['peer']['median_s'])
     else:
@@ -169,6 +174,71 @@ def test_goals_and_table(quick):
   assert 'goal grpo_step_le_0.75x_tunix: not measured' in stdout
 
 
+def test_preflight_section(quick):
+  result, stdout = quick
+  m = _by_name(result)['tpu_preflight']
+  assert m['status'] == 'ok', m['reason']
+  assert m['sections'] == ['preflight']
+  settings = m['settings']
+  assert settings['topology'] == options.QUICK_PREFLIGHT_TOPOLOGY
+  assert (settings['tpu_topology'], settings['chip'], settings['chips'],
+          settings['hosts'], settings['devices']) == ('v5e:2x2', 'v5e', 4, 1,
+                                                      4)
+  # A micro-batch's 2 completions do not split 4 ways: fitted, not the
+  # config's (-1, 1).
+  assert settings['mesh_source'] == 'fitted'
+  assert dict(zip(settings['mesh_axis_names'],
+                  settings['mesh_shape'])) == {'fsdp': 2, 'tp': 2}
+  ours = m['ours']
+  assert ours['median_s'] is None
+  programs = ours['programs']
+  expected = {'rollout_prefill', 'rollout_decode', 'update'}
+  if result['settings']['beta'] > 0:
+    expected.add('reference_logps')
+  assert set(programs) == expected
+  for name, p in programs.items():
+    assert p['total_bytes'] > 0 and p['time_bound_s'] > 0, name
+    assert p['flops'] > 0 and p['bytes_accessed'] > 0, name
+    assert p['fits'] is True, name
+  assert (programs['rollout_decode']['calls_per_step'] ==
+          result['settings']['generation_length'])
+  largest = max(programs, key=lambda n: programs[n]['total_bytes'])
+  assert ours['largest_program'] == largest
+  assert ours['largest_total_bytes'] == programs[largest]['total_bytes']
+  assert 0 < ours['largest_total_bytes'] < settings['usable_hbm_bytes']
+  assert ours['fits'] is True and ours['not_compiled'] == []
+  assert math.isclose(
+      ours['step_time_bound_s'],
+      sum(p['time_bound_s'] * p['calls_per_step'] for p in programs.values()))
+  assert ours['preflight_s'] > 0
+  assert 'v5litepod-4 (v5e:2x2' in stdout and 'step time bound' in stdout
+
+
+def _tiny_mesh(shape, micro_batch_size):
+  config = context.quick_config()
+  config.mesh.shape = shape
+  config.training.batch_size = 4
+  config.training.micro_batch_size = micro_batch_size
+  return config
+
+
+@pytest.mark.parametrize('shape, micro, devices, mesh, source', [
+    # 8-way data parallelism does not split 2 x 2 completions: fitted.
+    ((-1, 1), 2, 8, (4, 2), 'fitted'),
+    ((-1, 1), 2, 4, (4, 1), 'config'),
+    ((2, -1), 1, 8, (2, 4), 'config'),
+    # The config's 4 devices do not span the slice's 8.
+    ((4, 1), 2, 8, (4, 2), 'fitted'),
+    ((-1, 1), 1, 4, (2, 2), 'fitted'),
+])
+def test_preflight_mesh_for_the_slice(shape, micro, devices, mesh, source):
+  config = _tiny_mesh(shape, micro)
+  names, found, how = tpu_preflight.slice_mesh(config, devices)
+  assert (found, how) == (mesh, source)
+  assert names == (('fsdp', 'tp') if how == 'fitted'
+                   else tuple(config.mesh.axis_names))
+
+
 def _decode_measurement(batch_size, fraction):
   return {'name': f'decode_batch_{batch_size}',
           'settings': {'batch_size': batch_size},
@@ -214,15 +284,23 @@ def test_measurement_status_and_ratio():
   assert records.measurement('x', [], {}, reason='r')['status'] == 'skipped'
   assert records.measurement('x', [], {}, ours, peer, 'e',
                            error=True)['status'] == 'error'
+  # A measurement without a peer by design (the preflight) is ok alone.
+  alone = records.measurement('x', ['preflight'], {}, ours, one_sided=True)
+  assert (alone['status'], alone['ratio']) == ('ok', None)
+  assert records.measurement('x', [], {}, one_sided=True)['status'] == (
+      'skipped')
 
 
 def test_memory_section(tmp_path):
   out = tmp_path / 'memory.json'
-  proc = _run_bench('--quick', '--steps=1', '--skip=grpo,tunix,trl,decode',
+  proc = _run_bench('--quick', '--steps=1',
+                    '--skip=grpo,tunix,trl,decode,preflight',
                     f'--output={out}')
   assert proc.returncode == 0, proc.stderr[-6000:]
   with open(out) as f:
     result = json.load(f)
+  assert _by_name(result)['tpu_preflight']['reason'] == (
+      'preflight: skipped by --skip')
   m = _by_name(result)['update_memory']
   assert m['status'] == 'ok', m['reason']
   settings = m['settings']

@@ -54,6 +54,19 @@ Sections (--skip takes a comma list of their names):
           buffers: activations, logits, gradients) and `peak_bytes` = temp +
           argument + output - alias bytes (everything the executable holds
           at once, weights included). Both executables are then timed.
+  preflight
+          agent_tunix.preflight.run on the same config for the TPU slice
+          --preflight_topology (v5litepod-8; v5litepod-4 with --quick):
+          the trainer's programs (rollout prefill, decode loop, log-prob
+          passes, update) compiled with libtpu on this machine, no TPU
+          needed. Per-device memory is the TPU compiler's; time figures
+          are roofline lower bounds from the chip's published peak FLOP/s
+          and HBM bandwidth, not measurements. config.mesh is the bench
+          machine's: it is kept when it spans the slice and its
+          data-parallel axes split a micro-batch's completions, else the
+          slice is laid out as (fsdp, tp) with the widest fsdp that does
+          (settings["mesh_source"] = "config" or "fitted"). Tens of
+          seconds for the tiny model; minutes for real presets.
 
 Workload settings come from the config (override any field with
 --config.section.field=value): generation.max_prompt_length (prompt bucket
@@ -83,7 +96,8 @@ JSON written to --output:
 
   measurement = {
     "name": str,                  # grpo_step_vs_tunix, grpo_step_vs_trl,
-                                  # decode_batch_<b>, update_memory
+                                  # decode_batch_<b>, update_memory,
+                                  # tpu_preflight
     "sections": [str],            # the --skip names it depends on
     "status": "ok" | "partial" | "skipped" | "error",
     "reason": str | null,         # why partial/skipped/error
@@ -108,6 +122,19 @@ projection as E @ x.T at settings["column_decode_rows"] = [min, max] rows).
 GRPO sides carry "compile_s", "breakdown_s" and "tokens_per_s" (completion
 tokens per second of step time); the memory sides carry "temp_bytes",
 "peak_bytes" and the other memory_analysis() fields.
+
+tpu_preflight has no peer and times nothing ("ok" when it compiled; ours
+median_s and ratio null). Its settings name the slice ("topology",
+"tpu_topology", "chips", "hosts", "devices", "chip", "usable_hbm_bytes":
+HBM one program may use per device) and the mesh compiled for
+("mesh_axis_names", "mesh_shape", "mesh_source"); ours carries
+"largest_program" and "largest_total_bytes" (its bytes per device), "fits"
+(every program fits; false also when a program was not compiled after one
+that does not), "step_time_bound_s" (prefill + one decode step per generated
+token + log-prob passes + updates, lower bounds), "programs": {name:
+{"total_bytes" (per device), "time_bound_s" (one call), "calls_per_step",
+"fits", "flops", "bytes_accessed", "compile_s"}}, "not_compiled" and
+"preflight_s" (its wall time here).
 """
 
 import json
@@ -120,25 +147,27 @@ from absl import flags
 from absl import logging
 
 from agent_tunix import config_lib
+from agent_tunix import tpu_topology
 from agent_tunix.bench import context
 from agent_tunix.bench import decode_speed
 from agent_tunix.bench import grpo_step
 from agent_tunix.bench import options
 from agent_tunix.bench import records
 from agent_tunix.bench import report
+from agent_tunix.bench import tpu_preflight
 from agent_tunix.bench import trl_step
 from agent_tunix.bench import tunix_step
 from agent_tunix.bench import update_memory
 
 
-def run(config, skip, decode_batch_sizes):
+def run(config, skip, decode_batch_sizes, preflight_topology):
   """Runs the sections not in `skip`; returns the result dict."""
   with tempfile.TemporaryDirectory(prefix='bench_') as workdir:
     return _run(context.build_context(config, workdir), skip,
-                decode_batch_sizes)
+                decode_batch_sizes, preflight_topology)
 
 
-def _run(ctx, skip, decode_batch_sizes):
+def _run(ctx, skip, decode_batch_sizes, preflight_topology):
   settings = ctx.settings
   measurements = []
 
@@ -172,6 +201,15 @@ def _run(ctx, skip, decode_batch_sizes):
   measurements.append(mem or records.measurement(
       'update_memory', ['memory'], settings, reason=reason, error=err
   ))
+
+  pre, reason, err = records.run_section(
+      'preflight', skip, tpu_preflight.preflight_measurement, ctx,
+      preflight_topology,
+  )
+  measurements.append(pre or records.measurement(
+      tpu_preflight.NAME, ['preflight'], {'topology': preflight_topology},
+      reason=reason, error=err,
+  ))
   return {
       'schema_version': records.SCHEMA_VERSION,
       'argv': sys.argv,
@@ -195,12 +233,21 @@ def main(argv):
   if options.STEPS.value < 1:
     raise app.UsageError(f'--steps={options.STEPS.value} must be >= 1.')
   sizes = options.DECODE_BATCH_SIZES.value
+  topology = options.PREFLIGHT_TOPOLOGY.value
   if options.QUICK.value:
     config = context.quick_config()
     if not flags.FLAGS['decode_batch_sizes'].present:
       sizes = ['1', '4']
+    if not flags.FLAGS['preflight_topology'].present:
+      topology = options.QUICK_PREFLIGHT_TOPOLOGY
   else:
     config = options.CONFIG.value
+  try:
+    tpu_topology.parse(topology)
+  except ValueError as e:
+    raise app.UsageError(
+        str(e).replace('--topology=', '--preflight_topology=', 1)
+    ) from e
   try:
     batch_sizes = [int(s) for s in sizes]
   except ValueError as e:
@@ -210,7 +257,7 @@ def main(argv):
   if any(b < 1 for b in batch_sizes):
     raise app.UsageError(f'--decode_batch_sizes={sizes} must be >= 1.')
   try:
-    result = run(config, skip, batch_sizes)
+    result = run(config, skip, batch_sizes, topology)
   except config_lib.ConfigError as e:
     raise SystemExit(f'bench: {e}') from e
   report.print_table(result)

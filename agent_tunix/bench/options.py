@@ -11,7 +11,7 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
-SECTIONS = ('grpo', 'tunix', 'trl', 'decode', 'memory')
+SECTIONS = ('grpo', 'tunix', 'trl', 'decode', 'memory', 'preflight')
 REPO_ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
@@ -33,12 +33,16 @@ STEPS = _Value(3)
 DECODE_BATCH_SIZES = _Value(['1', '4', '16', '64'])
 DECODE_PROMPT_LENGTH = _Value(32)
 SKIP = _Value([])
+PREFLIGHT_TOPOLOGY = _Value('v5litepod-8')
+# --quick's slice: the tiny model's 2 heads and 2-row micro-batches spread
+# over at most 4 devices.
+QUICK_PREFLIGHT_TOPOLOGY = 'v5litepod-4'
 
 
 def define_flags():
   """Defines the command-line flags (`python -m agent_tunix.bench --help`)."""
   global CONFIG, QUICK, OUTPUT, STEPS, DECODE_BATCH_SIZES
-  global DECODE_PROMPT_LENGTH, SKIP
+  global DECODE_PROMPT_LENGTH, SKIP, PREFLIGHT_TOPOLOGY
   CONFIG = config_flags.DEFINE_config_file(
       'config', _DEFAULT_CONFIG, 'Config file (a get_config() module).',
       lock_config=True,
@@ -66,4 +70,11 @@ def define_flags():
   SKIP = flags.DEFINE_list(
       'skip', SKIP.value,
       f'Sections to skip, comma-separated: {",".join(SECTIONS)}.',
+  )
+  PREFLIGHT_TOPOLOGY = flags.DEFINE_string(
+      'preflight_topology', PREFLIGHT_TOPOLOGY.value,
+      'TPU slice the preflight section compiles the workload for: an '
+      'accelerator type as gcloud spells it (v5litepod-8, v6e-8, v5p-8, '
+      'v4-8) or a topology (v5e:2x2); default '
+      f'{QUICK_PREFLIGHT_TOPOLOGY} with --quick.',
   )

@@ -88,10 +88,11 @@ def step_summary(name, steps_s, warmup_s, tokens, breakdown=None,
 
 
 def measurement(name, sections, settings, ours=None, peer=None, reason=None,
-                error=False):
+                error=False, one_sided=False):
+  """A measurement record; one_sided: it has no peer by design."""
   if error:
     status = 'error'
-  elif ours is not None and peer is not None:
+  elif ours is not None and (peer is not None or one_sided):
     status = 'ok'
   elif ours is not None or peer is not None:
     status = 'partial'

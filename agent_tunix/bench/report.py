@@ -104,6 +104,19 @@ def print_table(result):
             f"naive with remat {same['remat']}: temp "
             f"{_fmt(same['temp_bytes'], 'b')}, peak "
             f"{_fmt(same['peak_bytes'], 'b')}")
+    if 'step_time_bound_s' in ours:
+      s = m['settings']
+      details.append(
+          f"{s['topology']} ({s['tpu_topology']}, mesh "
+          f"{dict(zip(s['mesh_axis_names'], s['mesh_shape']))}): largest "
+          f"{ours['largest_program']} {_fmt(ours['largest_total_bytes'], 'b')}"
+          f" per device of {_fmt(s['usable_hbm_bytes'], 'b')}, "
+          f"{'fits' if ours['fits'] else 'DOES NOT FIT'}; step time bound "
+          f"{ours['step_time_bound_s'] * 1e3:.3f} ms")
+      details.append(', '.join(
+          f"{name} {_fmt(p['total_bytes'], 'b')} "
+          f"{p['time_bound_s'] * 1e3:.3f} ms x{p['calls_per_step']}"
+          for name, p in ours['programs'].items()))
     if m['reason']:
       details.append(m['reason'])
     lines.append(
