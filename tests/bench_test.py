@@ -192,7 +192,7 @@ def test_preflight_section(quick):
   ours = m['ours']
   assert ours['median_s'] is None
   programs = ours['programs']
-  expected = {'rollout_prefill', 'rollout_decode', 'update'}
+  expected = {'rollout_prefill', 'rollout_decode', 'policy_logps', 'update'}
   if result['settings']['beta'] > 0:
     expected.add('reference_logps')
   assert set(programs) == expected
