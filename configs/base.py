@@ -301,6 +301,23 @@ def apply_arg(config, arg):
   return config
 
 
+def kaggle_it_path(config, pretrained_path):
+  """With an -it preset, the default Kaggle handle becomes its -it twin.
+
+  Args:
+    config: a preset's config, after `apply_arg`.
+    pretrained_path: the preset's default (pretrained) model.path; a path
+      the user set is left alone.
+
+  Returns:
+    `config`.
+  """
+  if (config.model.preset.endswith('_it')
+      and config.model.path == pretrained_path):
+    config.model.path += '-it'
+  return config
+
+
 def _parse_value(key, text, current):
   """Parses `text` as the type of the field's current value, strictly."""
   kind = type(current)

@@ -20,7 +20,4 @@ def get_config(arg=None):
   # One prompt (its G completions) per forward/backward pass.
   config.training.micro_batch_size = 1
   config = base.apply_arg(config, arg)
-  if (config.model.preset.endswith('_it')
-      and config.model.path == 'google/gemma-3/flax/gemma3-12b'):
-    config.model.path += '-it'
-  return config
+  return base.kaggle_it_path(config, 'google/gemma-3/flax/gemma3-12b')

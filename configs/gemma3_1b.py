@@ -31,7 +31,4 @@ def get_config(arg=None):
   config.grpo.num_generations = 8
   config.optimizer.learning_rate = 3e-6
   config = base.apply_arg(config, arg)
-  if (config.model.preset.endswith('_it')
-      and config.model.path == 'google/gemma-3/flax/gemma3-1b'):
-    config.model.path += '-it'
-  return config
+  return base.kaggle_it_path(config, 'google/gemma-3/flax/gemma3-1b')

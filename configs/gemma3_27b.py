@@ -18,7 +18,4 @@ def get_config(arg=None):
   config.model.preset = 'gemma3_27b_pt'
   config.model.path = 'google/gemma-3/flax/gemma3-27b'
   config = base.apply_arg(config, arg)
-  if (config.model.preset.endswith('_it')
-      and config.model.path == 'google/gemma-3/flax/gemma3-27b'):
-    config.model.path += '-it'
-  return config
+  return base.kaggle_it_path(config, 'google/gemma-3/flax/gemma3-27b')

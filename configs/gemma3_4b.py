@@ -17,7 +17,4 @@ def get_config(arg=None):
   # Smaller micro-batches: the 4B activations are 2.5x wider.
   config.training.micro_batch_size = 2
   config = base.apply_arg(config, arg)
-  if (config.model.preset.endswith('_it')
-      and config.model.path == 'google/gemma-3/flax/gemma3-4b'):
-    config.model.path += '-it'
-  return config
+  return base.kaggle_it_path(config, 'google/gemma-3/flax/gemma3-4b')
