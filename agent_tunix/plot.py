@@ -19,12 +19,15 @@ from matplotlib import figure
 from matplotlib import ticker
 import tensorflow as tf
 
-_WORKDIR = flags.DEFINE_string(
-    'workdir', None, 'Run directory holding the TensorBoard event files.'
-)
-_OUTPUT = flags.DEFINE_string(
-    'output', None, 'PNG file to write (local or gs://).'
-)
+
+
+def _define_flags():
+  """The command-line flags, defined only when this module is the program
+  (other CLIs imported in the same process define --workdir too)."""
+  flags.DEFINE_string(
+      'workdir', None, 'Run directory holding the TensorBoard event files.'
+  )
+  flags.DEFINE_string('output', None, 'PNG file to write (local or gs://).')
 
 EVENT_GLOB = 'events.out.tfevents.*'
 
@@ -168,14 +171,16 @@ def _eval_errors(scalars, title, label, steps):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  workdir, output = flags.FLAGS.workdir, flags.FLAGS.output
   try:
-    panels = plot(_WORKDIR.value, _OUTPUT.value)
+    panels = plot(workdir, output)
   except (FileNotFoundError, ValueError) as e:
     sys.exit(f'error: {e}')
   drawn = sum(len(p) for p in panels.values())
-  print(f'Wrote {_OUTPUT.value}: {drawn} curves from {_WORKDIR.value}')
+  print(f'Wrote {output}: {drawn} curves from {workdir}')
 
 
 if __name__ == '__main__':
+  _define_flags()
   flags.mark_flags_as_required(['workdir', 'output'])
   app.run(main)

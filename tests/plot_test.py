@@ -1,14 +1,18 @@
 """Tests for agent_tunix.plot on event files written by the run's CLU writer."""
 
 import os
+import pathlib
+import subprocess
+import sys
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
-from absl import flags  # pylint: disable=g-import-not-at-top
 import pytest
 
 from agent_tunix import metrics
 from agent_tunix import plot
+
+_REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # What a training run writes (metrics.create_writer, as train.run does),
 # with a user reward 'pkg.mod:fn' (tag reward/pkg.mod_fn/mean) and no KL
@@ -100,17 +104,20 @@ def test_events_without_training_metrics_are_a_clear_error(tmp_path):
     plot.plot(str(tmp_path), str(tmp_path / 'x.png'))
 
 
-def test_cli(tmp_path, capsys):
+def test_cli(tmp_path):
   _write_run(tmp_path, _STEPS, _EVAL)
   output = tmp_path / 'cli.png'
-  flags.FLAGS(['plot', f'--workdir={tmp_path}', f'--output={output}'])
-  try:
-    plot.main(['plot'])
-    assert output.stat().st_size > 10_000
-    assert f'Wrote {output}: 7 curves' in capsys.readouterr().out
-    flags.FLAGS(['plot', f'--workdir={tmp_path / "none"}',
-                 f'--output={output}'])
-    with pytest.raises(SystemExit, match='error: No TensorBoard event'):
-      plot.main(['plot'])
-  finally:
-    flags.FLAGS.unparse_flags()
+
+  def run(workdir):
+    return subprocess.run(
+        [sys.executable, '-m', 'agent_tunix.plot', f'--workdir={workdir}',
+         f'--output={output}'], cwd=_REPO, capture_output=True, text=True,
+        timeout=300, check=False)
+
+  done = run(tmp_path)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert output.stat().st_size > 10_000
+  assert f'Wrote {output}: 7 curves' in done.stdout
+  missing = run(tmp_path / 'none')
+  assert missing.returncode == 1
+  assert 'error: No TensorBoard event' in missing.stderr
