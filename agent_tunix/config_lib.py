@@ -9,6 +9,7 @@ import math
 from agent_tunix import grpo
 from agent_tunix import rewards
 from agent_tunix import sharding
+from agent_tunix.data import gsm8k
 from agent_tunix.data import pipeline
 from agent_tunix.models import gemma
 
@@ -18,6 +19,7 @@ _CHOICES = {
     'model.remat': grpo.REMAT_MODES,
     'model.preset': tuple(gemma.PRESETS),
     'data.template': ('auto', 'chat', 'plain'),
+    'data.bad_rows': gsm8k.BAD_ROWS,
     'grpo.kl_estimator': grpo.KL_ESTIMATORS,
     'grpo.scale_rewards': grpo.SCALE_REWARDS_MODES,
     'grpo.loss_agg_mode': grpo.LOSS_AGG_MODES,
