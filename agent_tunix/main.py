@@ -67,7 +67,8 @@ def main(argv):
         '--coordinator_address, --num_processes and --process_id only take '
         'effect with --multihost; add it.'
     )
-  config_lib.validate(config, process_count=jax.process_count())
+  config_lib.validate(config, process_count=jax.process_count(),
+                      workdir=_WORKDIR.value)
   from agent_tunix import train  # pylint: disable=g-import-not-at-top
   result = train.train_and_evaluate(config, _WORKDIR.value)
   logging.info('Finished: %s', result)

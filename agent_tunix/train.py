@@ -248,7 +248,8 @@ def train_and_evaluate(config, workdir):
   Returns:
     Dict with the final step, the last step's scalars and final eval scores.
   """
-  config_lib.validate(config, process_count=jax.process_count())
+  config_lib.validate(config, process_count=jax.process_count(),
+                      workdir=workdir)
   with run_lock.hold(workdir):  # One run per workdir.
     return run(setup(config, workdir))
 
