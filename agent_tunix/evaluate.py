@@ -18,6 +18,7 @@ from etils import epath
 from ml_collections import config_flags
 
 from agent_tunix import checkpoint
+from agent_tunix import errors
 from agent_tunix import evaluation
 from agent_tunix import train
 
@@ -72,4 +73,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main)
+  app.run(errors.cli(main))

@@ -16,6 +16,7 @@ import jax
 from ml_collections import config_flags
 
 from agent_tunix import config_lib
+from agent_tunix import errors
 from agent_tunix import sharding
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -80,4 +81,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main)
+  app.run(errors.cli(main))
