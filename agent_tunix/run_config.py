@@ -12,8 +12,8 @@ its own config with it, field by field:
     what was trained, and is refused with the old and new values and the fix.
 
 A workdir without checkpoints has trained nothing: its stored config is
-replaced. A field only one side has (a run saved by an older or newer version of the
-code) is logged, not refused. A workdir with checkpoints but no config.json
+replaced. A field only one side has (a run saved by an older or newer
+version of the code) is logged, not refused. A workdir with checkpoints but no config.json
 (made before this check existed) is resumed unchecked, with a warning.
 """
 
