@@ -5,11 +5,14 @@ an impossible combination costs seconds, not a model load.
 """
 
 import math
+import os
+import tempfile
 
 from agent_tunix import grpo
 from agent_tunix import rewards
 from agent_tunix import rollout
 from agent_tunix import sharding
+from agent_tunix.data import gsm8k
 from agent_tunix.data import pipeline
 from agent_tunix.models import gemma
 from agent_tunix.models import gguf
@@ -20,6 +23,7 @@ _CHOICES = {
     'model.remat': grpo.REMAT_MODES,
     'model.preset': tuple(gemma.PRESETS),
     'data.template': ('auto', 'chat', 'plain'),
+    'data.bad_rows': gsm8k.BAD_ROWS,
     'grpo.kl_estimator': grpo.KL_ESTIMATORS,
     'grpo.scale_rewards': grpo.SCALE_REWARDS_MODES,
     'grpo.loss_agg_mode': grpo.LOSS_AGG_MODES,
@@ -42,14 +46,18 @@ def _require(ok, message):
     raise ConfigError(message)
 
 
-def validate(config, num_devices=None, process_count=1):
+def validate(config, num_devices=None, process_count=1, workdir=None):
   """Raises ConfigError for the first invalid field found.
+
+  Reads only: it creates and writes nothing.
 
   Args:
     config: the full ml_collections config.
     num_devices: devices the mesh will span (default: jax.device_count()).
     process_count: number of JAX processes (hosts).
+    workdir: the run directory a trainer will write; None skips its check.
   """
+  _validate_finite(config)
   for field, choices in _CHOICES.items():
     value = _get(config, field)
     _require(
@@ -177,15 +185,86 @@ def validate(config, num_devices=None, process_count=1):
       config.eval.batch_size >= 1,
       f'config.eval.batch_size={config.eval.batch_size} must be >= 1.',
   )
+  _require(
+      config.logging.report_every_n_steps >= 1,
+      'config.logging.report_every_n_steps='
+      f'{config.logging.report_every_n_steps} must be >= 1.',
+  )
   try:
-    rewards.parse_spec(config.rewards.functions)
+    for name, _ in rewards.parse_spec(config.rewards.functions):
+      rewards.resolve(name)  # Imports 'module:function' rewards.
   except ValueError as e:
     raise ConfigError(f'config.rewards.functions: {e}') from e
   try:
-    pipeline.parse_source(config.data.source)
+    components = pipeline.parse_source(config.data.source)
   except ValueError as e:
     raise ConfigError(f'config.data.source: {e}') from e
+  _validate_data_files(config, [name for name, _ in components])
   _validate_mesh(config, num_devices)
+  if workdir is not None:
+    _validate_workdir(workdir)
+
+
+def _validate_finite(config):
+  """Every float field is a finite number (inf and NaN are typos)."""
+
+  def visit(prefix, node):
+    for key in node.keys():
+      value = node[key]
+      if hasattr(value, 'keys'):
+        visit(f'{prefix}{key}.', value)
+      elif isinstance(value, float):
+        _require(
+            math.isfinite(value),
+            f'config.{prefix}{key}={value} must be a finite number.',
+        )
+
+  visit('', config)
+
+
+def _validate_data_files(config, names):
+  """Local data files ('jsonl', 'parquet') must exist."""
+  path = config.data.path
+  for name in names:
+    if name not in ('jsonl', 'parquet'):
+      continue
+    _require(
+        bool(path),
+        f"config.data.source uses '{name}', which reads config.data.path; "
+        f'set it to a local {name} file.',
+    )
+    files = ([path.replace('{split}', s) for s in ('train', 'test')]
+             if '{split}' in path else [path])
+    for file in files:
+      _require(
+          os.path.isfile(file),
+          f'config.data.path: no {name} file at {file!r}; check the path.',
+      )
+
+
+def _validate_workdir(workdir):
+  """A local workdir (or its nearest existing parent) must be writable."""
+  if not workdir or '://' in str(workdir):
+    return  # Object stores are checked when first written.
+  existing = os.path.abspath(workdir)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  _require(
+      os.path.isdir(existing),
+      f'--workdir={workdir}: {existing} is a file, not a directory.',
+  )
+  writable = os.access(existing, os.W_OK | os.X_OK)
+  if writable:  # access() says yes to root even where writes fail.
+    try:
+      with tempfile.TemporaryFile(dir=existing):
+        pass  # Removed on close: nothing is left behind.
+    except OSError:
+      writable = False
+  _require(
+      writable,
+      f'--workdir={workdir}: {existing} is not writable; pick a directory '
+      'you can write to.',
+  )
 
 
 def _validate_mesh(config, num_devices):

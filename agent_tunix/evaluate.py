@@ -21,6 +21,7 @@ from etils import epath
 from ml_collections import config_flags
 
 from agent_tunix import checkpoint
+from agent_tunix import errors
 from agent_tunix import evaluation
 from agent_tunix import train
 
@@ -77,4 +78,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main)
+  app.run(errors.cli(main))

@@ -866,6 +866,9 @@ def write_gguf_file(path, cfg, tensors, vocab, gguf_dtype='f32', name='',
 # ------------------------------------------------------------------ output
 
 
+GGUF_MAGIC = b'GGUF'  # The first bytes of every GGUF file.
+
+
 def check_output(output, fmt, overwrite):
   """Raises ExportError if `output` exists and may not be replaced."""
   if not output:
@@ -887,6 +890,14 @@ def check_output(output, fmt, overwrite):
       raise ExportError(
           f'--output={output!r} is a directory, but --format=gguf writes one '
           'file; name a file, e.g. --output=model.gguf.'
+      )
+    with open(output, 'rb') as f:
+      magic = f.read(4)
+    if magic != GGUF_MAGIC:
+      raise ExportError(
+          f'--output={output!r} is not an earlier gguf export (no GGUF '
+          'header); --overwrite only replaces those. Pick another --output '
+          'or move the file away.'
       )
     return
   if not os.path.isdir(output):

@@ -16,6 +16,7 @@ import jax
 from ml_collections import config_flags
 
 from agent_tunix import config_lib
+from agent_tunix import errors
 from agent_tunix import sharding
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -67,7 +68,8 @@ def main(argv):
         '--coordinator_address, --num_processes and --process_id only take '
         'effect with --multihost; add it.'
     )
-  config_lib.validate(config, process_count=jax.process_count())
+  config_lib.validate(config, process_count=jax.process_count(),
+                      workdir=_WORKDIR.value)
   from agent_tunix import train  # pylint: disable=g-import-not-at-top
   result = train.train_and_evaluate(config, _WORKDIR.value)
   logging.info('Finished: %s', result)
@@ -79,4 +81,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main)
+  app.run(errors.cli(main))

@@ -5,13 +5,15 @@ config to `<workdir>/config.json`. A later start in the same workdir compares
 its own config with it, field by field:
 
   * fields that only say how long, how often or how (memory, layout) the run
-    goes may change: `SAFE_FIELDS`; each change is logged;
+    goes, and the learning rate, warmup and clipping (the usual fixes after
+    a divergence) may change: `SAFE_FIELDS`; each change is logged;
   * any other change (model, LoRA, data, rewards, GRPO and optimizer
     settings, seeds, ...) would make the resumed run something other than
     what was trained, and is refused with the old and new values and the fix.
 
-A field only one side has (a run saved by an older or newer version of the
-code) is logged, not refused. A workdir with checkpoints but no config.json
+A workdir without checkpoints has trained nothing: its stored config is
+replaced. A field only one side has (a run saved by an older or newer
+version of the code) is logged, not refused. A workdir with checkpoints but no config.json
 (made before this check existed) is resumed unchecked, with a warning.
 """
 
@@ -39,6 +41,10 @@ SAFE_FIELDS = (
     'grpo.logps_chunk_size',
     'grpo.share_prompts',
     'data.worker_count',
+    # What a divergence error suggests changing before a rerun.
+    'optimizer.learning_rate',
+    'optimizer.warmup_ratio',
+    'optimizer.max_grad_norm',
 )
 # At most this many refused fields are listed, each value cut to _WIDTH.
 _MAX_LISTED = 8
@@ -118,19 +124,24 @@ def check_and_store(config, workdir, has_checkpoints):
     ConfigChangedError: naming each field that changes what was trained.
   """
   stored = load(workdir)
-  if stored is None:
-    if has_checkpoints:
-      logging.warning('%s has checkpoints but no %s (made by an older '
-                      'version): the config cannot be compared; resuming '
-                      'unchecked.', workdir, FILENAME)
-      return
+  if stored is None and has_checkpoints:
+    logging.warning('%s has checkpoints but no %s (made by an older '
+                    'version): the config cannot be compared; resuming '
+                    'unchecked.', workdir, FILENAME)
+    return
+  if not has_checkpoints:
+    # Nothing trained yet (or a run that failed before its first save):
+    # this start is the run's first, and its config is the one to keep.
+    if stored is not None and stored != flatten(config):
+      logging.info('%s had no checkpoint; replacing its config.',
+                   path(workdir))
     if jax.process_index() == 0:
       file = path(workdir)
       file.parent.mkdir(parents=True, exist_ok=True)
       partial = file.with_name(FILENAME + '.partial')
       partial.write_text(json.dumps(flatten(config), indent=1,
                                     sort_keys=True))
-      partial.rename(file)
+      partial.replace(file)
     return
   refused, allowed, one_sided = compare(stored, config)
   for field, old, new in allowed:

@@ -43,6 +43,7 @@ from agent_tunix import models
 from agent_tunix import rewards
 from agent_tunix import rollout
 from agent_tunix import run_config
+from agent_tunix import run_lock
 from agent_tunix import sharding
 from agent_tunix.data import pipeline
 
@@ -267,7 +268,10 @@ def train_and_evaluate(config, workdir):
   Returns:
     Dict with the final step, the last step's scalars and final eval scores.
   """
-  return run(setup(config, workdir))
+  config_lib.validate(config, process_count=jax.process_count(),
+                      workdir=workdir)
+  with run_lock.hold(workdir):  # One run per workdir.
+    return run(setup(config, workdir))
 
 
 def run(session):

@@ -74,6 +74,9 @@ def get_config(arg=None):
   # Column holding the answer in local files (GSM8K style: final value after
   # '####' is used when present).
   config.data.answer_column = 'answer'
+  # Local-file rows whose question is empty or whose answer has no number:
+  # 'error' (refuse the file, naming the row) or 'skip' (drop and count).
+  config.data.bad_rows = 'error'
   # Prompt template: 'auto' (chat for -it presets, few-shot for pretrained),
   # 'chat' (Gemma chat turns) or 'plain' (few-shot text).
   config.data.template = 'auto'

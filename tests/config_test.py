@@ -198,6 +198,28 @@ _INVALID = [
      'grpo.loss_agg_mode', 'token-mean'),
     ('zero_learning_rate', _set(optimizer__learning_rate=0.0), 1,
      'optimizer.learning_rate', '> 0'),
+    ('infinite_learning_rate', _set(optimizer__learning_rate=float('inf')),
+     1, 'optimizer.learning_rate', 'finite'),
+    ('infinite_temperature', _set(generation__temperature=float('inf')), 1,
+     'generation.temperature', 'finite'),
+    ('nan_beta', _set(grpo__beta=float('nan')), 1, 'grpo.beta', 'finite'),
+    ('report_every_zero', _set(logging__report_every_n_steps=0), 1,
+     'logging.report_every_n_steps', '>= 1'),
+    ('reward_module_missing',
+     _set(rewards__functions='answer=1,no_such_module:fn=1'), 1,
+     'rewards.functions', "no module named 'no_such_module'"),
+    ('reward_function_missing',
+     _set(rewards__functions='agent_tunix.rewards.math:no_such_fn=1'), 1,
+     'rewards.functions', 'no attribute'),
+    ('missing_data_file',
+     _set(data__source='jsonl', data__path='/no/such/train.jsonl'), 1,
+     'data.path', "'/no/such/train.jsonl'"),
+    ('missing_split_file',
+     _set(data__source='synthetic:1,parquet:1',
+          data__path='/no/such/{split}.parquet'), 1, 'data.path',
+     "'/no/such/train.parquet'"),
+    ('local_source_without_path', _set(data__source='jsonl'), 1, 'data.path',
+     'set it'),
 ]
 
 
@@ -339,3 +361,22 @@ def test_config_doc_cli(tmp_path):
   assert readme.read_text() == (
       '# Title\n\n' + config_doc.render_markdown() + '\n## Next\n')
 
+
+
+def test_validation_refuses_a_read_only_workdir_and_creates_nothing(
+    tmp_path):
+  config = _preset('tiny', None)
+  locked = tmp_path / 'locked'
+  locked.mkdir()
+  locked.chmod(0o555)
+  try:
+    # As root a mode is no obstacle: /proc takes no new files from anyone.
+    parent = '/proc' if os.access(locked, os.W_OK) else locked
+    with pytest.raises(config_lib.ConfigError, match='not writable'):
+      config_lib.validate(config, workdir=os.path.join(parent, 'run'))
+  finally:
+    locked.chmod(0o755)
+  assert list(locked.iterdir()) == []
+  assert not os.path.exists('/proc/run')
+  config_lib.validate(config, workdir=str(tmp_path / 'new' / 'run'))
+  assert not (tmp_path / 'new').exists()

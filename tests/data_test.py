@@ -409,3 +409,28 @@ def test_eval_examples_are_held_out():
   assert evals[0]['prompt'].startswith('<start_of_turn>user\n')
   train = {e['question'] for e in pipeline.load_examples(config, 'train')}
   assert not train & {e['question'] for e in evals}
+
+
+def test_bad_rows_are_refused_by_default_or_skipped_and_counted(tmp_path,
+                                                                 caplog):
+  path = tmp_path / 'rows.jsonl'
+  path.write_text('\n'.join([
+      '{"question": "What is 2+2?", "answer": "4"}',
+      '',
+      '{"question": null, "answer": null}',
+      '{"question": "How many?", "answer": "seven"}',
+      '{"question": "  ", "answer": "3"}',
+      '{"question": "What is 3+3?", "answer": "#### 6"}',
+  ]) + '\n')
+  with pytest.raises(ValueError) as error:
+    gsm8k.load_file(str(path))
+  message = str(error.value)
+  assert f'{path} line 3: its question is empty' in message
+  assert "data.bad_rows='skip'" in message
+  rows = gsm8k.load_file(str(path), bad_rows='skip')
+  assert rows == [{'question': 'What is 2+2?', 'answer': '4'},
+                  {'question': 'What is 3+3?', 'answer': '6'}]
+  assert 'Skipped 3 of 5 rows' in caplog.text
+  path.write_text('{"question": "How many?", "answer": "seven"}\n')
+  with pytest.raises(ValueError, match="line 1: its answer 'seven' has no"):
+    gsm8k.load_file(str(path))

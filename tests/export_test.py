@@ -592,3 +592,15 @@ def test_generate_cli_answers_with_the_trained_lora(run):
   want, _ = generate.Generator(run.session.model, run.session.tokenizer)(
       prompts.format_prompt(_QUESTION, run.config), _CHAT_TOKENS)
   assert answer == want.replace('\\', '\\\\').replace('\n', '\\n')
+
+
+def test_gguf_overwrite_replaces_only_a_gguf_file(tmp_path):
+  notes = tmp_path / 'notes.txt'
+  notes.write_text('my notes')
+  with pytest.raises(export.ExportError) as e:
+    export.check_output(str(notes), 'gguf', overwrite=True)
+  assert str(notes) in str(e.value) and 'not an earlier gguf' in str(e.value)
+  assert notes.read_text() == 'my notes'
+  earlier = tmp_path / 'model.gguf'
+  earlier.write_bytes(export.GGUF_MAGIC + b'\x03\x00\x00\x00rest')
+  export.check_output(str(earlier), 'gguf', overwrite=True)  # Allowed.

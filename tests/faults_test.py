@@ -140,6 +140,8 @@ def test_ctrl_c_finishes_the_step_saves_and_exits_cleanly(tmp_path):
   assert proc.returncode == 0, text[-3000:]
   assert 'SIGINT received' in text
   assert 'Traceback' not in text, text[-3000:]
+  # Orbax's INFO lines are quiet on the console by default.
+  assert 'checkpoint_manager.py' not in text
   result = json.loads(text.strip().splitlines()[-1])
   assert result['preempted'] is True
   stopped = result['step']
@@ -217,6 +219,20 @@ def test_evaluate_refuses_a_workdir_without_checkpoints(tmp_path):
   assert list(empty.iterdir()) == []
   out = _evaluate()
   assert out.returncode != 0 and 'no --workdir given' in out.stderr
-  from agent_tunix import evaluate  # pylint: disable=g-import-not-at-top
-  evaluate.check_workdir(str(empty), allow_base=True)  # Allowed.
-  evaluate.check_workdir(None, allow_base=True)
+  # Asked for: the base model is scored (step null), nothing is written.
+  out = _evaluate(f'--workdir={empty}', '--allow_base')
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert json.loads(out.stdout.strip().splitlines()[-1])['step'] is None
+  assert list(empty.iterdir()) == []
+
+
+def test_compare_allows_divergence_fixes_and_refuses_the_rest():
+  stored = run_config.flatten(_config())
+  changed = _config(**{'optimizer.learning_rate': 1e-5,
+                       'optimizer.max_grad_norm': 0.5,
+                       'optimizer.b1': 0.5, 'data.seed': 3})
+  refused, allowed, one_sided = run_config.compare(stored, changed)
+  assert [f for f, _, _ in allowed] == ['optimizer.learning_rate',
+                                        'optimizer.max_grad_norm']
+  assert [f for f, _, _ in refused] == ['data.seed', 'optimizer.b1']
+  assert one_sided == []

@@ -15,6 +15,7 @@ without '####' are kept whole (stripped).
 
 import json
 import os
+import re
 
 from absl import logging
 
@@ -133,11 +134,13 @@ def load_hf(split, limit=0):
 
 
 def _read_jsonl(path):
-  rows = []
+  """Returns ([row, ...], ['line N', ...])."""
+  rows, where = [], []
   with open(path, encoding='utf-8') as f:
     for line_number, line in enumerate(f, start=1):
       if not line.strip():
         continue
+      where.append(f'line {line_number}')
       try:
         rows.append(json.loads(line))
       except json.JSONDecodeError as e:
@@ -145,17 +148,33 @@ def _read_jsonl(path):
             f'{path}:{line_number} is not valid JSON ({e}); every line of a '
             'JSONL file must be one JSON object.'
         ) from e
-  return rows
+  return rows, where
 
 
 def _read_parquet(path):
+  """Returns ([row, ...], ['row N', ...])."""
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
 
-  return pq.read_table(path).to_pylist()
+  rows = pq.read_table(path).to_pylist()
+  return rows, [f'row {i}' for i in range(len(rows))]
+
+
+BAD_ROWS = ('error', 'skip')
+_DIGIT = re.compile(r'[0-9]')
+
+
+def row_problem(example):
+  """Why an example cannot train (a phrase), or '' if it can."""
+  if not example['question'] or example['question'] == 'None':
+    return 'its question is empty'
+  if not _DIGIT.search(example['answer']):
+    return (f"its answer {example['answer'][:40]!r} has no number (no reward "
+            'could ever score it)')
+  return ''
 
 
 def load_file(path, file_format='jsonl', prompt_column='question',
-              answer_column='answer', limit=0):
+              answer_column='answer', limit=0, bad_rows='error'):
   """Loads question/answer rows from a local JSONL or parquet file.
 
   Args:
@@ -164,13 +183,17 @@ def load_file(path, file_format='jsonl', prompt_column='question',
     prompt_column: Field holding the question.
     answer_column: Field holding the answer (GSM8K style or a plain value).
     limit: Keep the first `limit` rows (0 = all).
+    bad_rows: A row whose question is empty (or null) or whose answer has no
+      digit: 'error' refuses the file naming the row, 'skip' drops such
+      rows and logs how many.
 
   Returns:
     A list of {'question', 'answer'} dicts.
 
   Raises:
     FileNotFoundError: if `path` does not exist.
-    ValueError: on an unknown format or a missing column.
+    ValueError: on an unknown format, a missing column or (with
+      bad_rows='error') a bad row.
   """
   readers = {'jsonl': _read_jsonl, 'parquet': _read_parquet}
   if file_format not in readers:
@@ -187,8 +210,10 @@ def load_file(path, file_format='jsonl', prompt_column='question',
     raise FileNotFoundError(
         f'No {file_format} file at data.path={path!r}; check the path.'
     )
-  rows = readers[file_format](path)
-  examples = []
+  if bad_rows not in BAD_ROWS:
+    raise ValueError(f'bad_rows={bad_rows!r} is not one of {BAD_ROWS}.')
+  rows, where = readers[file_format](path)
+  examples, skipped = [], 0
   for index, row in enumerate(_take(rows, limit)):
     if not isinstance(row, dict):
       raise ValueError(
@@ -202,6 +227,23 @@ def load_file(path, file_format='jsonl', prompt_column='question',
           f'{sorted(row)}. Set data.prompt_column / data.answer_column to the '
           'question and answer columns.'
       )
-    examples.append(_example(row[prompt_column], row[answer_column]))
+    question, answer = row[prompt_column], row[answer_column]
+    example = _example('' if question is None else question,
+                       '' if answer is None else answer)
+    problem = row_problem(example)
+    if problem and bad_rows == 'error':
+      raise ValueError(
+          f'{path} {where[index]}: {problem}. Fix or remove the row, or set '
+          "data.bad_rows='skip' to drop such rows (they are counted)."
+      )
+    if problem:
+      skipped += 1
+      continue
+    examples.append(example)
+  if skipped:
+    logging.warning(
+        'Skipped %s of %s rows of %s with an empty question or an answer '
+        "without a number (data.bad_rows='skip').", skipped,
+        skipped + len(examples), path)
   logging.info('Loaded %s examples from %s.', len(examples), path)
   return examples

@@ -112,6 +112,7 @@ def _load_local(name, config, split, limit):
       file_format=name,
       prompt_column=config.data.prompt_column,
       answer_column=config.data.answer_column,
+      bad_rows=config.data.bad_rows,
   )
   if '{split}' in path:
     file_split = 'train' if split == 'train' else 'test'

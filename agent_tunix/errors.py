@@ -1,0 +1,104 @@
+"""How the training and evaluation CLIs report errors and quiet other logs.
+
+`cli(main)` wraps an absl main:
+
+  * a user error (a bad config, a workdir in use, a run that diverged, a
+    checkpoint that cannot be restored, a missing file, a failing reward
+    function) prints one line, `error: <message>`, on stderr and exits with
+    status 1; its traceback goes to the log at verbosity 1 (`-v 1`), or is
+    raised whole with `--traceback`;
+  * an error caused by a full disk ends with `error: No space left on
+    device ...` as its last line, whatever wrapped it;
+  * anything else (a bug) raises with its full traceback, as before.
+
+It also drops INFO lines of Orbax from the log unless the verbosity is 1 or
+more, so the console shows the run's own progress.
+"""
+
+import errno
+import logging as py_logging
+import sys
+
+from absl import flags
+from absl import logging
+
+from agent_tunix import checkpoint
+from agent_tunix import config_lib
+from agent_tunix import divergence
+from agent_tunix import rewards
+from agent_tunix import run_lock
+
+_TRACEBACK = flags.DEFINE_bool(
+    'traceback', False,
+    'Show the full traceback of user errors (bad config, workdir in use, '
+    'divergence, ...) instead of one line.',
+)
+USER_ERRORS = (
+    config_lib.ConfigError,
+    checkpoint.RestoreError,
+    run_lock.LockedError,
+    divergence.DivergenceError,
+    rewards.RewardError,
+    FileNotFoundError,
+)
+# Loggers' source paths whose INFO lines are dropped at verbosity 0.
+_QUIET_SOURCES = ('/orbax/',)
+
+
+def _chain(error):
+  """The error and its causes / contexts, outermost first."""
+  seen = []
+  while error is not None and error not in seen:
+    seen.append(error)
+    error = error.__cause__ or error.__context__
+  return seen
+
+
+def no_space_error(error):
+  """The ENOSPC OSError in `error`'s chain (or one saying so), else None."""
+  for e in _chain(error):
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+      return e
+    if 'No space left on device' in str(e):
+      return e
+  return None
+
+
+class _QuietThirdParty(py_logging.Filter):
+
+  def filter(self, record):
+    if record.levelno >= py_logging.WARNING:
+      return True
+    if logging.get_verbosity() >= logging.DEBUG:
+      return True
+    path = record.pathname.replace('\\', '/')
+    return not any(source in path for source in _QUIET_SOURCES)
+
+
+def quiet_third_party_logs():
+  """Drops Orbax's INFO log lines unless the verbosity is >= 1."""
+  handler = logging.get_absl_handler()
+  if not any(isinstance(f, _QuietThirdParty) for f in handler.filters):
+    handler.addFilter(_QuietThirdParty())
+
+
+def cli(main):
+  """Wraps an absl `main(argv)` as described in the module docstring."""
+
+  def wrapped(argv):
+    quiet_third_party_logs()
+    try:
+      return main(argv)
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      full = no_space_error(e)
+      if full is None and not isinstance(e, USER_ERRORS):
+        raise
+      if _TRACEBACK.value:
+        raise
+      logging.debug('Traceback of the error below:', exc_info=True)
+      shown = full if full is not None else e
+      sys.stderr.write(f'error: {shown}\n')
+      sys.stderr.flush()
+      sys.exit(1)
+
+  return wrapped
