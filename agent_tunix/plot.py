@@ -52,14 +52,15 @@ def read_scalars(workdir):
     workdir: the run directory (local or gs://).
 
   Returns:
-    The scalars; event files are read in name order (they start with their
-    creation time), so a step written again by a resumed run takes the
-    later value.
+    The scalars; event files are read in the order they were created (the
+    wall time of each file's first event, then the writer number in its
+    name), so a step written again by a resumed run takes the later value.
 
   Raises:
     FileNotFoundError: workdir has no event files.
   """
-  paths = sorted(tf.io.gfile.glob(f'{workdir.rstrip("/")}/{EVENT_GLOB}'))
+  paths = sorted(tf.io.gfile.glob(f'{workdir.rstrip("/")}/{EVENT_GLOB}'),
+                 key=_creation_order)
   if not paths:
     raise FileNotFoundError(
         f'No TensorBoard event files ({EVENT_GLOB}) in --workdir={workdir!r}. '
@@ -77,6 +78,16 @@ def read_scalars(workdir):
               tf.make_ndarray(value.tensor)
           )
   return dict(scalars)
+
+
+def _creation_order(path):
+  """Sort key of an event file: its first event's wall time, then the
+  writer's number in the name (events.out.tfevents.<s>.<host>.<pid>.<n>.v2;
+  names sort wrongly as text once n passes 9)."""
+  first = next(iter(tf.compat.v1.train.summary_iterator(path)), None)
+  parts = path.rsplit('/', 1)[-1].split('.')
+  number = int(parts[-2]) if len(parts) > 2 and parts[-2].isdigit() else 0
+  return (first.wall_time if first is not None else 0.0, number, path)
 
 
 def _series(scalars, tag):

@@ -1,6 +1,8 @@
 """Tests for agent_tunix.evaluation (a scripted sampler) and the evaluate CLI."""
 
 import os
+import subprocess
+import sys
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
@@ -214,20 +216,17 @@ def test_format_scores_puts_each_stderr_beside_its_accuracy():
   }) == 'accuracy 0.250 +- 0.217, format_accuracy 1.000 +- 0.000'
 
 
-def test_evaluate_cli_json_has_a_stderr_for_every_accuracy(capsys):
-  # The CLI in-process on the tiny random model (base model: no workdir).
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from agent_tunix import evaluate  # pylint: disable=g-import-not-at-top
-
-  config = os.path.join(os.path.dirname(__file__), '..', 'configs', 'tiny.py')
-  # A preset argument, not --config.data...: config_flags registers those
-  # override flags from sys.argv when the module is imported.
-  flags.FLAGS(['evaluate', f'--config={config}:data.num_eval_examples=3'])
-  try:
-    evaluate.main(['evaluate'])
-  finally:
-    flags.FLAGS.unparse_flags()
-  result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+def test_evaluate_cli_json_has_a_stderr_for_every_accuracy():
+  # The CLI on the tiny random model (the base model: --allow_base). In a
+  # subprocess: the suite imports other CLIs that define --config too.
+  repo = os.path.join(os.path.dirname(__file__), '..')
+  out = subprocess.run(
+      [sys.executable, '-m', 'agent_tunix.evaluate',
+       '--config=configs/tiny.py', '--config.data.num_eval_examples=3',
+       '--allow_base'],
+      cwd=repo, capture_output=True, text=True, timeout=600, check=False)
+  assert out.returncode == 0, out.stderr[-2000:]
+  result = json.loads(out.stdout.strip().splitlines()[-1])
   assert result['step'] is None and result['num_questions'] == 3
   for name in ('accuracy', 'format_accuracy', 'pass_at_k'):
     p = result[name]

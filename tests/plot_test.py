@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -88,6 +89,18 @@ def test_a_resumed_run_rewrites_steps(tmp_path):
   assert drawn['Reward']['total'] == ([1, 2, 3, 4], [-1.5, 0.5, 9.0, 10.0])
   assert drawn['KL to the reference'] == {
       'kl': ([3, 4], [pytest.approx(0.01), pytest.approx(0.02)])}
+
+
+def test_event_files_are_read_in_creation_order(tmp_path):
+  # Writer numbers 9 and 10 of one second: as text, '10' sorts before '9'.
+  for name, value in (('first', 2.0), ('second', 9.0)):
+    _write_run(tmp_path / name, {3: {'reward/mean': value}}, {})
+  run = tmp_path / 'run'
+  run.mkdir()
+  for name, number in (('first', 9), ('second', 10)):
+    (source,) = (tmp_path / name).glob(plot.EVENT_GLOB)
+    shutil.copy(source, run / f'events.out.tfevents.100.host.7.{number}.v2')
+  assert plot.read_scalars(str(run))['reward/mean'] == {3: 9.0}
 
 
 def test_workdir_without_events_is_a_clear_error(tmp_path):
