@@ -3,8 +3,8 @@
 `cli(main)` wraps an absl main:
 
   * a user error (a bad config, a workdir in use, a run that diverged, a
-    checkpoint that cannot be restored, a missing file, a failing reward
-    function) prints one line, `error: <message>`, on stderr and exits with
+    checkpoint that cannot be restored, a missing file, a bad data row, a
+    failing reward function) prints one line, `error: <message>`, on stderr and exits with
     status 1; its traceback goes to the log at verbosity 1 (`-v 1`), or is
     raised whole with `--traceback`;
   * an error caused by a full disk ends with `error: No space left on
@@ -27,6 +27,7 @@ from agent_tunix import config_lib
 from agent_tunix import divergence
 from agent_tunix import rewards
 from agent_tunix import run_lock
+from agent_tunix.data import gsm8k
 
 _TRACEBACK = flags.DEFINE_bool(
     'traceback', False,
@@ -39,6 +40,7 @@ USER_ERRORS = (
     run_lock.LockedError,
     divergence.DivergenceError,
     rewards.RewardError,
+    gsm8k.DataError,
     FileNotFoundError,
 )
 # Loggers' source paths whose INFO lines are dropped at verbosity 0.

@@ -34,6 +34,18 @@ def test_user_error_is_one_line_and_traceback_on_request(tmp_path):
   assert out.returncode == 1 and 'Traceback' in out.stderr
 
 
+def test_a_bad_data_row_is_one_line_naming_file_and_line(tmp_path):
+  data = tmp_path / 'train.jsonl'
+  data.write_text('{"question": "Ann has 3 pens.", "answer": "#### 3"}\n'
+                  '{"question": "How many?", "answer": "seven"}\n')
+  out = _main(f'--workdir={tmp_path / "run"}', '--config.data.source=jsonl',
+              f'--config.data.path={data}')
+  assert out.returncode == 1
+  assert 'Traceback' not in out.stderr, out.stderr[-3000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith(f'error: {data} line 2: ') and 'bad_rows' in last
+
+
 def test_no_space_left_is_found_in_the_chain():
   try:
     try:

@@ -19,6 +19,10 @@ import re
 
 from absl import logging
 
+
+class DataError(ValueError):
+  """A data file or row that cannot be used; the message names it and the fix."""
+
 # Split names of GSM8K itself for our 'train' / 'eval' splits.
 _GSM8K_SPLITS = {'train': 'train', 'eval': 'test', 'test': 'test'}
 _OFFLINE_HINT = (
@@ -216,13 +220,13 @@ def load_file(path, file_format='jsonl', prompt_column='question',
   examples, skipped = [], 0
   for index, row in enumerate(_take(rows, limit)):
     if not isinstance(row, dict):
-      raise ValueError(
+      raise DataError(
           f'Row {index} of {path} is a {type(row).__name__}, not an object '
           'with named columns.'
       )
     missing = [c for c in (prompt_column, answer_column) if c not in row]
     if missing:
-      raise ValueError(
+      raise DataError(
           f'Row {index} of {path} has no column(s) {missing}; it has '
           f'{sorted(row)}. Set data.prompt_column / data.answer_column to the '
           'question and answer columns.'
@@ -232,7 +236,7 @@ def load_file(path, file_format='jsonl', prompt_column='question',
                        '' if answer is None else answer)
     problem = row_problem(example)
     if problem and bad_rows == 'error':
-      raise ValueError(
+      raise DataError(
           f'{path} {where[index]}: {problem}. Fix or remove the row, or set '
           "data.bad_rows='skip' to drop such rows (they are counted)."
       )

@@ -285,7 +285,7 @@ def make_train_iterator(config, tokenizer, process_index=0, process_count=1):
   records, dropped = _prepare(examples, config, tokenizer)
   _log_dropped('train', dropped, len(examples), config)
   if len(records) < global_batch:
-    raise ValueError(
+    raise gsm8k.DataError(
         f'Only {len(records)} train prompts (of {len(examples)}) fit in '
         f'generation.max_prompt_length={config.generation.max_prompt_length} '
         f'tokens, fewer than training.batch_size={global_batch}; raise '
