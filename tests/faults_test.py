@@ -9,12 +9,14 @@ import os
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import json  # pylint: disable=g-import-not-at-top
+import logging as py_logging
 import pathlib
 import signal
 import subprocess
 import sys
 import time
 
+from absl import logging
 import pytest
 
 from agent_tunix import checkpoint
@@ -176,8 +178,17 @@ def test_resume_refuses_a_config_that_changes_what_was_trained(tmp_path,
   # Safe fields change and are logged.
   longer = _config(**{'training.num_steps': 2, 'eval.eval_every_n_steps': 1,
                       'checkpoint.async_save': False})
-  with caplog.at_level('INFO'):
+  # On absl's own logger, at INFO: earlier tests in the same process may
+  # have stopped it propagating or raised its level.
+  absl_logger = py_logging.getLogger('absl')
+  verbosity = logging.get_verbosity()
+  absl_logger.addHandler(caplog.handler)
+  logging.set_verbosity(logging.INFO)
+  try:
     assert train.train_and_evaluate(longer, workdir)['step'] == 2
+  finally:
+    absl_logger.removeHandler(caplog.handler)
+    logging.set_verbosity(verbosity)
   assert 'Resuming with config.training.num_steps changed: 1 -> 2' in (
       caplog.text)
 
