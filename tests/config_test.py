@@ -88,6 +88,25 @@ def test_apply_arg_overrides():
   assert config.training.num_steps == 4
 
 
+def test_gemma3_270m_default_and_full():
+  """The default evaluates >= 256 problems cheaply; `:full` is the long run."""
+  default = _preset('gemma3_270m')
+  assert default.data.num_eval_examples >= 256
+  assert default.eval.pass_at_k == 0
+  full = _preset('gemma3_270m', 'full')
+  assert full.training.num_steps == 500
+  assert full.generation.max_generation_steps == 192
+  assert full.data.num_eval_examples >= 256
+  assert full.eval.pass_at_k == 4
+  config_lib.validate(full, num_devices=1)
+  # Later words still apply on top of `full`.
+  full = _preset('gemma3_270m', 'full,training.num_steps=7')
+  assert full.training.num_steps == 7
+  assert full.generation.max_generation_steps == 192
+  with pytest.raises(ValueError, match='full'):
+    _preset('gemma3_1b', 'full')
+
+
 @pytest.mark.parametrize('arg, error, words', [
     ('quik', ValueError, ['quik', "'quick'"]),
     ('model.lora_rnak=8', KeyError, ['model.lora_rnak']),

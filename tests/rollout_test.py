@@ -137,11 +137,26 @@ def test_sampling_depends_on_the_seed_only(tiny_rollout, prompts):
 
 @pytest.mark.parametrize('temperature', [0.0, 1.0])
 def test_shared_prompt_prefill_equals_repeated_rows(tiny_rollout, prompts,
-                                                    temperature):
+                                                    temperature, monkeypatch):
   sampler, _ = tiny_rollout
   distinct = prompts[::2]  # The fixture repeats each prompt twice.
   sampling = dict(temperature=temperature, top_k=8, top_p=0.95)
-  want = sampler.generate(prompts, _STEPS, seed=3, **sampling)
+  sampler.tunix_prefill = True  # tunix's own prefill on every row.
+  try:
+    want = sampler.generate(prompts, _STEPS, seed=3, **sampling)
+  finally:
+    sampler.tunix_prefill = False
+  # G = 1 runs the same last-position prefill as G > 1, not tunix's
+  # all-position one.
+  def all_position_prefill(*args, **kwargs):
+    raise AssertionError("G = 1 ran tunix's all-position prefill")
+
+  with monkeypatch.context() as patch:
+    patch.setattr(sampler.sampler, '_compiled_prefill_fn',
+                  all_position_prefill)
+    single = sampler.generate(prompts, _STEPS, seed=3, **sampling)
+  np.testing.assert_array_equal(single.tokens, want.tokens)
+  np.testing.assert_array_equal(single.mask, want.mask)
   got = sampler.generate(distinct, _STEPS, seed=3, num_generations=2,
                          **sampling)
   np.testing.assert_array_equal(got.tokens, want.tokens)
