@@ -12,6 +12,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from agent_tunix import evaluation
 from agent_tunix import rewards
 from agent_tunix.rewards import format as format_rewards
 from agent_tunix.rewards import math as math_rewards
@@ -202,15 +203,19 @@ def test_without_a_question_field_the_prompt_numbers_count_as_copied():
     'completion, true_answer, expected',
     [
         (_tagged('72'), '72', 1.5),
-        (_tagged('The answer is 72 dollars.'), '72', 1.5),
+        # A block that is not exactly one number pays nothing, as
+        # evaluation counts it wrong.
+        (_tagged('The answer is 72 dollars.'), '72', 0.0),
+        (_tagged(' 72 '), '72', 1.5),
         (_tagged('72.00'), '72', 1.5),
         (_tagged('$1,234'), '1234', 1.5),
         (_tagged('-3'), '-3', 1.5),
         (_tagged('3'), '-3', 0.0),
         (_tagged('0'), '0', 1.5),
-        (_tagged('71 or 72'), '72', 0.0),  # First number inside the tag.
+        (_tagged('71 or 72'), '72', 0.0),
         ('<reasoning>it is 72</reasoning><answer>?</answer>', '72', 0.0),
-        ('<reasoning>r</reasoning><answer>so 72', '72', 1.5),  # Cut off.
+        ('<reasoning>r</reasoning><answer>so 72', '72', 0.0),  # Cut off.
+        ('<reasoning>r</reasoning><answer>72', '72', 1.5),
         ('5 + 3 = 8', '8', 1.5),  # No tags: last number.
         ('5 + 3 = 8', '5', 0.0),
         ('no numbers', '8', 0.0),
@@ -506,6 +511,9 @@ _EXACT_FORMAT_WRONG = [
     ('within_20_percent', _exact('100 - 10 = 80', '80'), 2.25),
     ('far_off', _exact('100 + 10 = 110 + 5', '7'), 1.0),
     ('not_a_number', _exact('100 - 10', 'ninety'), 1.5),
+    # Units in the block: evaluation counts it wrong, so no reward reads the
+    # 90 in it (the 270M learned to write these when `numbers` paid them).
+    ('units_in_answer_block', _exact('100 - 10 = 90', '90 apples'), 1.5),
 ]
 # (case, completion, default total): the right answer, imperfect format.
 _RIGHT_IMPERFECT_FORMAT = [
@@ -515,7 +523,6 @@ _RIGHT_IMPERFECT_FORMAT = [
     ('reasoning_then_plain', '<reasoning>100 - 10</reasoning> It is 90.',
      4.5),
     ('cut_off_answer', '<reasoning>100 - 10</reasoning><answer>90', 4.75),
-    ('wordy_answer_block', '<answer>90 apples</answer>', 4.0),
     ('repeated_tags', _exact('100 - 10 = 90', '90') + '\nQuestion: Ann has '
      '3 pens and buys 2. ' + _exact('3 + 2 = 5', '5'), 7.0),
     ('padded_answer', '<answer> 90 </answer> extra', 6.0),
@@ -548,6 +555,16 @@ def test_default_reward_right_answer_imperfect_format(completion, expected):
   assert math_rewards.guess_number(completion) == F(90)
   (total,) = _default_totals([completion])
   assert total == pytest.approx(expected)
+
+
+@pytest.mark.parametrize('completion', [
+    c[1] for c in _EXACT_FORMAT_WRONG + _RIGHT_IMPERFECT_FORMAT
+    if '</answer>' in c[1]] + ['<answer>90 apples</answer>',
+                               '<answer>90</answer> apples'])
+def test_numbers_reward_agrees_with_evaluation_on_answer_blocks(completion):
+  (score,) = math_rewards.number_match(
+      ['p'], [completion], answer=['90'], question=[_QUESTION])
+  assert (score > 0) == evaluation.is_correct(completion, '90'), completion
 
 
 def test_default_reward_pays_for_being_right_first():

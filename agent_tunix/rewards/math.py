@@ -131,11 +131,15 @@ def find_numbers(text: str) -> list[fractions.Fraction]:
 def guess_number(completion: str) -> fractions.Fraction | None:
   """The number a completion gives as its answer, for the `numbers` reward.
 
-  With an `<answer>` tag: the first number after the first `<answer>`, up to
-  `</answer>` or, when the completion was cut off, the end of the text. Without
-  an `<answer>` tag: the last number in the completion, so a model that has
-  not learned the tags yet still gets a signal for a correct result (the
-  format rewards tell the two cases apart).
+  With an `<answer>` tag: what follows the first `<answer>`, up to
+  `</answer>` or, when the completion was cut off, the end of the text, when
+  that is exactly one number (as evaluation.is_correct reads it): a wordy
+  block such as `<answer>5 cars</answer>` gives None. Paying for the first
+  number of a wordy block taught the 270M to write units in the block,
+  which evaluation counts wrong (accuracy 24.6% -> 2.0% in 23 steps).
+  Without an `<answer>` tag: the last number in the completion, so a model
+  that has not learned the tags yet still gets a signal for a correct
+  result (the format rewards tell the two cases apart).
 
   Args:
     completion: The generated text.
@@ -151,8 +155,7 @@ def guess_number(completion: str) -> fractions.Fraction | None:
   end = segment.find(format_lib.ANSWER_END)
   if end >= 0:
     segment = segment[:end]
-  numbers = find_numbers(segment)
-  return numbers[0] if numbers else None
+  return parse_number(segment.strip())
 
 
 def question_numbers(
@@ -271,7 +274,8 @@ def number_match(
   """1.5 when the completion's number (`guess_number`) equals the true answer.
 
   This is the lenient correctness reward: it reads the number without the
-  tags, or inside a wordy answer block. It pays nothing for a number that
+  tags too (not inside a wordy answer block, which evaluation counts
+  wrong). It pays nothing for a number that
   occurs in the question, even when that number is the true answer: copying
   cannot be told from solving there (the `answer` reward still pays an exact
   tagged answer in full).
