@@ -62,10 +62,11 @@ def _hparam_value(value):
   return str(value)
 
 
-def flatten_config(config):
-  """ConfigDict (or nested dict) -> {'section.field': bool|int|float|str}.
+def flatten_config(config, leaf=_hparam_value):
+  """ConfigDict (or nested dict) -> {'section.field': leaf(value)}.
 
-  Tuples, lists and other values become strings; None becomes 'None'.
+  By default (hparams) tuples, lists and other values become strings and
+  None becomes 'None'; `leaf` maps each value otherwise.
   """
   if isinstance(config, (ml_collections.ConfigDict,
                          ml_collections.FrozenConfigDict)):
@@ -77,7 +78,7 @@ def flatten_config(config):
       for key in sorted(node):
         visit(f'{prefix}{key}.', node[key])
     else:
-      flat[prefix[:-1]] = _hparam_value(node)
+      flat[prefix[:-1]] = leaf(node)
 
   visit('', config)
   return flat

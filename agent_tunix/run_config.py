@@ -25,6 +25,7 @@ import jax
 import ml_collections
 
 from agent_tunix import config_lib
+from agent_tunix import metrics
 
 FILENAME = 'config.json'
 # Fields (or 'section.' prefixes) that may differ between starts of one run.
@@ -60,17 +61,9 @@ def flatten(config):
   if isinstance(config, (ml_collections.ConfigDict,
                          ml_collections.FrozenConfigDict)):
     config = config.to_dict()
-  flat = {}
-
-  def visit(prefix, node):
-    if isinstance(node, dict):
-      for key in sorted(node):
-        visit(f'{prefix}{key}.', node[key])
-    else:
-      flat[prefix[:-1]] = node
-
-  visit('', json.loads(json.dumps(config, default=str)))
-  return flat
+  return metrics.flatten_config(
+      json.loads(json.dumps(config, default=str)), leaf=lambda value: value
+  )
 
 
 def is_safe(field):
