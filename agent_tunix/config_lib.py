@@ -8,7 +8,8 @@ import math
 import os
 import tempfile
 
-from agent_tunix import grpo
+from agent_tunix import objectives
+from agent_tunix import remat
 from agent_tunix import rewards
 from agent_tunix import rollout
 from agent_tunix import sharding
@@ -20,13 +21,13 @@ from agent_tunix.models import gguf
 _CHOICES = {
     'model.source': gemma.SOURCES,
     'model.dtype': tuple(gemma.DTYPES),
-    'model.remat': grpo.REMAT_MODES,
+    'model.remat': remat.REMAT_MODES,
     'model.preset': tuple(gemma.PRESETS),
     'data.template': ('auto', 'chat', 'plain'),
     'data.bad_rows': gsm8k.BAD_ROWS,
-    'grpo.kl_estimator': grpo.KL_ESTIMATORS,
-    'grpo.scale_rewards': grpo.SCALE_REWARDS_MODES,
-    'grpo.loss_agg_mode': grpo.LOSS_AGG_MODES,
+    'grpo.kl_estimator': objectives.KL_ESTIMATORS,
+    'grpo.scale_rewards': objectives.SCALE_REWARDS_MODES,
+    'grpo.loss_agg_mode': objectives.LOSS_AGG_MODES,
 }
 
 

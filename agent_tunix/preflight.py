@@ -63,6 +63,7 @@ from tunix.models.gemma3 import model as gemma3_lib
 
 from agent_tunix import config_lib
 from agent_tunix import grpo
+from agent_tunix import optimizer as optimizer_lib
 from agent_tunix import rollout as rollout_lib
 from agent_tunix import sharding
 from agent_tunix import tpu_topology
@@ -175,7 +176,7 @@ def abstract_policy(config, mesh):
 
   The model is the preset's architecture with the config's dtype and LoRA
   (`models.lora.apply_lora`) and the optimizer the trainer's
-  (`grpo.optimizer_from_config`), both built under `nnx.eval_shape`; every
+  (`optimizer_lib.optimizer_from_config`), both built under `nnx.eval_shape`; every
   array is a ShapeDtypeStruct with the sharding the trainer gives it
   (`nnx.get_named_sharding` of the modules' sharding metadata: what
   `models.gemma` loads weights with and what qwix and the optimizer
@@ -185,7 +186,7 @@ def abstract_policy(config, mesh):
     (model, optimizer) NNX objects whose arrays are ShapeDtypeStructs.
   """
   cfg = gemma.model_config(config.model)
-  tx, _ = grpo.optimizer_from_config(config)
+  tx, _ = optimizer_lib.optimizer_from_config(config)
 
   def build():
     model = gemma3_lib.Gemma3(cfg, rngs=nnx.Rngs(0))

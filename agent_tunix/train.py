@@ -40,6 +40,8 @@ from agent_tunix import evaluation
 from agent_tunix import grpo
 from agent_tunix import metrics as metrics_lib
 from agent_tunix import models
+from agent_tunix import objectives
+from agent_tunix import optimizer as optimizer_lib
 from agent_tunix import rewards
 from agent_tunix import rollout
 from agent_tunix import run_config
@@ -91,7 +93,7 @@ def setup(config, workdir, with_data=True):
       stop_sequences=rollout.stop_sequences_from_config(config),
       decode_chunk_steps=config.generation.decode_chunk_steps,
   )
-  tx, schedule = grpo.optimizer_from_config(config)
+  tx, schedule = optimizer_lib.optimizer_from_config(config)
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.LoRAParam)
   sharding.place_optimizer(optimizer, mesh)
   session = Session(
@@ -148,7 +150,7 @@ def rollout_batch(session, batch, step):
       ],
   )
   advantages = np.asarray(
-      grpo.group_advantages(total, g, config.grpo.scale_rewards)
+      objectives.group_advantages(total, g, config.grpo.scale_rewards)
   )
   scalars, gen_tokens = _rollout_scalars(
       total, per_fn, out.lengths, out.truncated, g

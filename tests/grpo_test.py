@@ -18,6 +18,10 @@ import qwix
 from tunix.models.gemma3 import model as model_lib
 
 from agent_tunix import grpo
+from agent_tunix import logprobs
+from agent_tunix import objectives
+from agent_tunix import optimizer as optimizer_lib
+from agent_tunix import remat
 # pylint: enable=g-import-not-at-top
 
 _LORA_PATHS = (
@@ -115,37 +119,6 @@ def _batch(num_rows=4, prompt_len=3, completion_len=5, seed=0):
   }
 
 
-# ------------------------------------------------------------- advantages
-
-
-@pytest.mark.parametrize('mode', ['group', 'batch', 'none'])
-def test_group_advantages_matches_numpy(mode):
-  rewards = np.array([1.0, 0.0, 2.0, 3.0, 5.0, 5.0, 4.0, 1.0], np.float32)
-  grouped = rewards.reshape(2, 4)
-  want = grouped - grouped.mean(axis=1, keepdims=True)
-  if mode == 'group':
-    want = want / (grouped.std(axis=1, ddof=1, keepdims=True) + 1e-4)
-  elif mode == 'batch':
-    want = want / (rewards.std(ddof=1) + 1e-4)
-  # Jitted, with the static arguments marked, as the train loop may use it.
-  advantages = jax.jit(grpo.group_advantages, static_argnums=(1, 2))
-  got = advantages(jnp.asarray(rewards), 4, mode)
-  np.testing.assert_allclose(got, want.reshape(-1), rtol=1e-5, atol=1e-6)
-
-
-def test_group_advantages_constant_group_is_zero():
-  got = grpo.group_advantages(jnp.array([2.0, 2.0, 0.0, 1.0]), 2, 'group')
-  np.testing.assert_allclose(got[:2], [0.0, 0.0])
-  assert float(got[3]) > 0.0
-
-
-def test_group_advantages_rejects_bad_input():
-  with pytest.raises(ValueError, match=r"'median'.*group, batch, none"):
-    grpo.group_advantages(jnp.ones(4), 2, 'median')
-  with pytest.raises(ValueError, match='num_generations=3'):
-    grpo.group_advantages(jnp.ones(4), 3, 'group')
-
-
 # --------------------------------------------------------------- log-probs
 
 
@@ -167,7 +140,7 @@ def test_chunked_token_logps_matches_full_softmax(chunk_size, temperature):
   embedding = rng.normal(size=(11, 8)).astype(np.float32)
   targets = rng.integers(0, 11, size=(2, 7)).astype(np.int32)
   chunked = jax.jit(
-      grpo.chunked_token_logps, static_argnames=('chunk_size',
+      logprobs.chunked_token_logps, static_argnames=('chunk_size',
                                                  'compute_entropy',
                                                  'temperature'))
   logps, entropy = chunked(
@@ -197,7 +170,7 @@ def test_chunked_token_logps_gradient_matches_full_softmax():
   weights = jnp.asarray(rng.normal(size=(2, 5)), jnp.float32)
 
   def chunked(h):
-    logps, _ = grpo.chunked_token_logps(h, embedding, targets, 2)
+    logps, _ = logprobs.chunked_token_logps(h, embedding, targets, 2)
     return (logps * weights).sum()
 
   def full(h):
@@ -211,110 +184,22 @@ def test_chunked_token_logps_gradient_matches_full_softmax():
       rtol=1e-5,
       atol=1e-5,
   )
-  assert grpo.chunked_token_logps(hidden, embedding, targets, 2)[1] is None
-
-
-# ------------------------------------------------------------------- loss
-
-
-def test_kl_divergence_estimators():
-  logps = np.array([[-1.0, -2.0, -0.5]], np.float32)
-  ref = np.array([[-1.5, -2.0, -0.1]], np.float32)
-  np.testing.assert_allclose(
-      grpo.kl_divergence(logps, ref, 'k1'), logps - ref, rtol=1e-6
-  )
-  delta = ref - logps
-  np.testing.assert_allclose(
-      grpo.kl_divergence(logps, ref, 'k3'),
-      np.exp(delta) - delta - 1.0,
-      rtol=1e-5,
-      atol=1e-7,
-  )
-  with pytest.raises(ValueError, match="'k2'"):
-    grpo.kl_divergence(logps, ref, 'k2')
-
-
-@pytest.mark.parametrize('epsilon_high', [0.2, 0.5])
-def test_clipped_surrogate_matches_numpy(epsilon_high):
-  epsilon = 0.2
-  rng = np.random.default_rng(0)
-  logps = rng.normal(-2.0, 0.5, size=(4, 6)).astype(np.float32)
-  old = rng.normal(-2.0, 0.5, size=(4, 6)).astype(np.float32)
-  adv = np.array([1.0, -1.0, 0.5, -2.0], np.float32)
-  ratio = np.exp(logps - old)
-  a = adv[:, None]
-  want = -np.minimum(
-      ratio * a, np.clip(ratio, 1 - epsilon, 1 + epsilon_high) * a
-  )
-  want_clipped = ((ratio < 1 - epsilon) & (a < 0)) | (
-      (ratio > 1 + epsilon_high) & (a > 0)
-  )
-  loss, clipped = grpo.clipped_surrogate(
-      jnp.asarray(logps), jnp.asarray(old), jnp.asarray(adv), epsilon,
-      epsilon_high,
-  )
-  np.testing.assert_allclose(loss, want, rtol=1e-5, atol=1e-6)
-  np.testing.assert_array_equal(clipped, want_clipped)
-  # The data must exercise both branches for the test to mean something.
-  assert 0 < want_clipped.sum() < want_clipped.size
-
-
-def test_clip_higher_widens_only_the_upper_bound():
-  logps = jnp.log(jnp.array([[1.4, 0.6]]))
-  old = jnp.zeros((1, 2))
-  for adv, expect_tight, expect_wide in ((1.0, [1, 0], [0, 0]),
-                                         (-1.0, [0, 1], [0, 1])):
-    advantages = jnp.array([adv])
-    _, tight = grpo.clipped_surrogate(logps, old, advantages, 0.2, 0.2)
-    _, wide = grpo.clipped_surrogate(logps, old, advantages, 0.2, 0.5)
-    np.testing.assert_array_equal(tight[0], np.array(expect_tight, bool))
-    np.testing.assert_array_equal(wide[0], np.array(expect_wide, bool))
-
-
-def _numpy_aggregate(loss, mask, mode):
-  rows = [r for r in range(loss.shape[0]) if mask[r].sum() > 0]
-  if mode == 'token-mean':
-    return (loss * mask).sum() / mask.sum()
-  if mode == 'sequence-mean-token-mean':
-    return np.mean([(loss[r] * mask[r]).sum() / mask[r].sum() for r in rows])
-  return np.mean([(loss[r] * mask[r]).sum() / loss.shape[1] for r in rows])
-
-
-@pytest.mark.parametrize('mode', grpo.LOSS_AGG_MODES)
-def test_aggregate_loss_matches_numpy(mode):
-  rng = np.random.default_rng(0)
-  loss = rng.normal(size=(4, 5)).astype(np.float32)
-  mask = np.array(
-      [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0]],
-      np.float32,
-  )
-  got = grpo.aggregate_loss(jnp.asarray(loss), jnp.asarray(mask), mode)
-  np.testing.assert_allclose(got, _numpy_aggregate(loss, mask, mode),
-                             rtol=1e-5)
-
-
-def test_aggregate_loss_dr_grpo_max_len_and_bad_mode():
-  loss = jnp.ones((2, 4))
-  mask = jnp.array([[1, 1, 0, 0], [1, 1, 1, 1]], jnp.float32)
-  got = grpo.aggregate_loss(loss, mask, 'sequence-mean-token-sum-norm', 8)
-  np.testing.assert_allclose(got, (2 / 8 + 4 / 8) / 2)
-  with pytest.raises(ValueError, match="'seq-mean'.*token-mean"):
-    grpo.aggregate_loss(loss, mask, 'seq-mean')
+  assert logprobs.chunked_token_logps(hidden, embedding, targets, 2)[1] is None
 
 
 # -------------------------------------------------------------- optimizer
 
 
 def test_make_optimizer_schedule_and_clipping():
-  _, schedule = grpo.make_optimizer(1e-3, warmup_ratio=0.1, num_steps=100)
+  _, schedule = optimizer_lib.make_optimizer(1e-3, warmup_ratio=0.1, num_steps=100)
   lrs = jax.jit(jax.vmap(schedule))(jnp.array([0, 5, 10, 55, 100]))
   np.testing.assert_allclose(lrs, [0.0, 5e-4, 1e-3, 5e-4, 0.0], rtol=1e-4,
                              atol=1e-12)
-  _, no_warmup = grpo.make_optimizer(1e-3, 0.0, 10)
+  _, no_warmup = optimizer_lib.make_optimizer(1e-3, 0.0, 10)
   np.testing.assert_allclose(jax.jit(no_warmup)(0), 1e-3, rtol=1e-5)
 
   def second_update(max_grad_norm):
-    tx, _ = grpo.make_optimizer(1e-3, 0.0, 10, max_grad_norm=max_grad_norm)
+    tx, _ = optimizer_lib.make_optimizer(1e-3, 0.0, 10, max_grad_norm=max_grad_norm)
 
     @jax.jit
     def run():
@@ -331,7 +216,7 @@ def test_make_optimizer_schedule_and_clipping():
   assert np.all(np.isfinite(clipped))
   assert np.abs(clipped - unclipped).max() > 1e-5
   with pytest.raises(ValueError, match='warmup_ratio'):
-    grpo.make_optimizer(1e-3, 1.5, 10)
+    optimizer_lib.make_optimizer(1e-3, 1.5, 10)
 
 
 def test_hparams_validation_and_defaults():
@@ -382,14 +267,14 @@ def test_per_token_logps_matches_model_logits(abstract_lora_model):
 
   @nnx.jit
   def both(model, tokens, input_mask):
-    logps, entropy = grpo.per_token_logps(
+    logps, entropy = logprobs.per_token_logps(
         model, tokens, input_mask, completion_len, 2, compute_entropy=True
     )
     logits, _ = model(
         tokens,
-        grpo.positions_from_mask(input_mask),
+        logprobs.positions_from_mask(input_mask),
         None,
-        grpo.causal_attention_mask(input_mask),
+        logprobs.causal_attention_mask(input_mask),
     )
     return logps, entropy, logits
 
@@ -424,8 +309,8 @@ def test_logps_passes_use_the_sampling_temperature(abstract_lora_model,
   if not use_lora:
     model_cls = model_cls._unquantized_type  # pylint: disable=protected-access
   logits, _ = nnx.jit(lambda m, t, mask: model_cls.__call__(
-      m, t, grpo.positions_from_mask(mask), None,
-      grpo.causal_attention_mask(mask)))(
+      m, t, logprobs.positions_from_mask(mask), None,
+      logprobs.causal_attention_mask(mask)))(
           model, batch['tokens'], batch['input_mask'])
   logits = np.asarray(logits, np.float64)[:, -completion_len - 1 : -1]
   targets = np.asarray(batch['tokens'])[:, -completion_len:]
@@ -453,7 +338,7 @@ def test_update_entropy_is_the_tempered_distributions(full_batch_reference):
 
     @nnx.jit
     def entropy(model, t=temperature):
-      return grpo.per_token_logps(
+      return logprobs.per_token_logps(
           model, batch['tokens'], batch['input_mask'], completion_len, 3,
           compute_entropy=True, temperature=t)[1]
 
@@ -492,21 +377,6 @@ def test_sampler_gap_metric(full_batch_reference):
   assert grpo.SAMPLER_GAP not in grpo.compute_grads(model, batch, hp)[1]
 
 
-def test_tis_weights_match_numpy():
-  rng = np.random.default_rng(3)
-  trainer = rng.normal(-2, 1, (3, 6)).astype(np.float32)
-  sampler = (trainer + rng.normal(0, 0.7, (3, 6))).astype(np.float32)
-  cap = 1.5
-  want = np.minimum(np.exp(trainer.astype(np.float64) - sampler), cap)
-  assert (want == cap).any() and (want < 1).any()  # Both sides of the cap.
-  got = grpo.tis_weights(jnp.asarray(trainer), jnp.asarray(sampler), cap)
-  np.testing.assert_allclose(got, want, rtol=1e-6)
-  # A weight, not a term to optimise: no gradient flows through it.
-  grad = jax.grad(lambda t: grpo.tis_weights(t, sampler, cap).sum())(
-      jnp.asarray(trainer))
-  np.testing.assert_array_equal(grad, np.zeros_like(trainer))
-
-
 def test_tis_weights_only_the_policy_gradient_term(full_batch_reference):
   """With tis_cap the loss is sum(mask * (w * surrogate + beta * kl)) / n,
   w = min(exp(old - sampler), cap) from NumPy; grads and loss match."""
@@ -524,14 +394,14 @@ def test_tis_weights_only_the_policy_gradient_term(full_batch_reference):
 
   @jax.jit
   def reference_loss(lora):
-    logps, _ = grpo.per_token_logps(
+    logps, _ = logprobs.per_token_logps(
         nnx.merge(graphdef, lora, rest), batch['tokens'], batch['input_mask'],
         completion_len, chunk_size=completion_len,
     )
-    surrogate, _ = grpo.clipped_surrogate(
+    surrogate, _ = objectives.clipped_surrogate(
         logps, batch['old_logps'], batch['advantages'], 0.2, 0.3
     )
-    kl = grpo.kl_divergence(logps, batch['ref_logps'], 'k3')
+    kl = objectives.kl_divergence(logps, batch['ref_logps'], 'k3')
     per_token = jnp.asarray(weights, jnp.float32) * surrogate + 0.1 * kl
     return (per_token * mask).sum() / mask.sum()
 
@@ -591,26 +461,26 @@ def full_batch_reference(abstract_lora_model):
   completion_len = mask.shape[1]
 
   def loss_fn(lora, mode):
-    logps, _ = grpo.per_token_logps(
+    logps, _ = logprobs.per_token_logps(
         nnx.merge(graphdef, lora, rest), batch['tokens'], batch['input_mask'],
         completion_len, chunk_size=completion_len,
     )
-    surrogate, _ = grpo.clipped_surrogate(
+    surrogate, _ = objectives.clipped_surrogate(
         logps, batch['old_logps'], batch['advantages'], 0.2, 0.3
     )
-    kl = grpo.kl_divergence(logps, batch['ref_logps'], 'k3')
-    loss = grpo.aggregate_loss(surrogate + 0.1 * kl, mask, mode)
+    kl = objectives.kl_divergence(logps, batch['ref_logps'], 'k3')
+    loss = objectives.aggregate_loss(surrogate + 0.1 * kl, mask, mode)
     return loss, (kl * mask).sum() / mask.sum()
 
   @jax.jit
   def all_modes(lora):
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    return {mode: grad_fn(lora, mode) for mode in grpo.LOSS_AGG_MODES}
+    return {mode: grad_fn(lora, mode) for mode in objectives.LOSS_AGG_MODES}
 
   return model, batch, all_modes(lora)
 
 
-@pytest.mark.parametrize('mode', grpo.LOSS_AGG_MODES)
+@pytest.mark.parametrize('mode', objectives.LOSS_AGG_MODES)
 def test_micro_batched_grads_equal_full_batch(full_batch_reference, mode):
   model, batch, reference = full_batch_reference
   (want_loss, want_kl), want_grads = reference[mode]
@@ -647,9 +517,9 @@ def test_remat_update_equals_plain_update(full_batch_reference, mode):
   # keeps its plain setting.
   graphdef, state = nnx.split(model)
 
-  def traced(remat):
+  def traced(remat_mode):
     hp = grpo.StepHParams(
-        micro_batch_size=2, remat=remat, **{**_LOSS_HP, 'chunk_size': 5}
+        micro_batch_size=2, remat=remat_mode, **{**_LOSS_HP, 'chunk_size': 5}
     )
     return str(jax.make_jaxpr(
         lambda s: grpo._grads_and_metrics(nnx.merge(graphdef, s), batch, hp)
@@ -706,7 +576,7 @@ def _toy_loss(scales, weights, x, mode):
     elif mode == 'checkpoint':
       x = jax.checkpoint(_toy_layer)(scale, frozen, x) + shift
     else:
-      x = grpo.remat_after_cotangent(
+      x = remat.remat_after_cotangent(
           lambda d, f: _toy_layer(d[0], f, d[1]) + shift, (scale, x), frozen
       )
   return (x ** 2).mean()
@@ -739,7 +609,7 @@ def test_remat_after_cotangent_grads_and_memory():
 
 def test_train_step_changes_only_lora_and_reduces_loss(abstract_lora_model):
   model = _lora_model(abstract_lora_model)
-  tx, _ = grpo.make_optimizer(
+  tx, _ = optimizer_lib.make_optimizer(
       3e-2, warmup_ratio=0.0, num_steps=100, weight_decay=0.0,
       max_grad_norm=1.0,
   )
@@ -858,10 +728,10 @@ def test_shared_prompt_logps_equal_full_forward(wide_window_model, use_lora):
   model = wide_window_model
   batch = _grouped_batch()
   length, c = batch['tokens'].shape[1], batch['completion_mask'].shape[1]
-  assert grpo.can_share_prompts(model, length, c)
+  assert logprobs.can_share_prompts(model, length, c)
   args = (model, batch['tokens'], batch['input_mask'], c, 3)
-  want = grpo.per_token_logps(*args, use_lora=use_lora, compute_entropy=True)
-  got = grpo.per_token_logps(*args, use_lora=use_lora, compute_entropy=True,
+  want = logprobs.per_token_logps(*args, use_lora=use_lora, compute_entropy=True)
+  got = logprobs.per_token_logps(*args, use_lora=use_lora, compute_entropy=True,
                              group=_G)
   for w, g in zip(want, got):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=2e-5)
@@ -872,7 +742,7 @@ def test_shared_prompt_logps_equal_full_forward(wide_window_model, use_lora):
   def jaxpr(group):
     def logps(state):
       module = nnx.merge(graphdef, state, copy=True)
-      return grpo.per_token_logps(module, batch['tokens'],
+      return logprobs.per_token_logps(module, batch['tokens'],
                                   batch['input_mask'], c, 3, group=group)[0]
     return str(jax.make_jaxpr(logps)(state))
 
@@ -883,21 +753,22 @@ def test_shared_prompt_logps_equal_full_forward(wide_window_model, use_lora):
 
 def test_shared_prompts_need_the_sequence_inside_the_window(
     wide_window_model, abstract_lora_model):
-  assert grpo.can_share_prompts(wide_window_model, 64, 4)
-  assert not grpo.can_share_prompts(wide_window_model, 65, 4)
-  assert not grpo.can_share_prompts(wide_window_model, 9, 1)
-  assert not grpo.can_share_prompts(wide_window_model, 5, 4)  # 1-token prompt
+  assert logprobs.can_share_prompts(wide_window_model, 64, 4)
+  assert not logprobs.can_share_prompts(wide_window_model, 65, 4)
+  assert not logprobs.can_share_prompts(wide_window_model, 9, 1)
+  assert not logprobs.can_share_prompts(wide_window_model, 5, 4)  # 1-token prompt
   narrow = _lora_model(abstract_lora_model)  # window 8
-  assert not grpo.can_share_prompts(narrow, 9, 4)
+  assert not logprobs.can_share_prompts(narrow, 9, 4)
   # Too long for the window: group > 1 falls back to the full forward.
   batch = _grouped_batch(prompt_len=6, completion_len=4)  # L = 10 > 8
   args = (narrow, batch['tokens'], batch['input_mask'], 4, 4)
-  np.testing.assert_array_equal(grpo.per_token_logps(*args, group=_G)[0],
-                                grpo.per_token_logps(*args)[0])
+  np.testing.assert_array_equal(logprobs.per_token_logps(*args, group=_G)[0],
+                                logprobs.per_token_logps(*args)[0])
 
 
-@pytest.mark.parametrize('remat', ['none', 'layer'])
-def test_shared_prompt_update_equals_full_update(wide_window_model, remat):
+@pytest.mark.parametrize('remat_mode', ['none', 'layer'])
+def test_shared_prompt_update_equals_full_update(wide_window_model,
+                                                 remat_mode):
   model = wide_window_model
   batch = _grouped_batch()
   base = dict(micro_batch_size=2 * _G, **_LOSS_HP)
@@ -906,7 +777,7 @@ def test_shared_prompt_update_equals_full_update(wide_window_model, remat):
   # With remat='layer' the layers also run with a KV cache (int end_index)
   # inside the recomputed region.
   got_grads, got = grpo.compute_grads(
-      model, batch, grpo.StepHParams(prompt_group=_G, remat=remat, **base))
+      model, batch, grpo.StepHParams(prompt_group=_G, remat=remat_mode, **base))
   for key in want:
     np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-6)
   for w, g in zip(jax.tree.leaves(want_grads), jax.tree.leaves(got_grads)):

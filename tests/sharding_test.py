@@ -49,6 +49,7 @@ from flax import nnx
 import numpy as np
 
 from agent_tunix import grpo
+from agent_tunix import optimizer as optimizer_lib
 from agent_tunix import rollout
 from agent_tunix import sharding
 from agent_tunix import train
@@ -130,7 +131,7 @@ for shape in shapes:
     mesh = sharding.make_mesh(config.mesh)
     model = nnx.merge(graphdef, jax.device_put(
         host, nnx.get_named_sharding(host, mesh)))
-    tx, schedule = grpo.make_optimizer(
+    tx, schedule = optimizer_lib.make_optimizer(
         config.optimizer.learning_rate, config.optimizer.warmup_ratio,
         config.training.num_steps, config.optimizer.b1, config.optimizer.b2,
         config.optimizer.weight_decay, config.optimizer.max_grad_norm)

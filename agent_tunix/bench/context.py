@@ -11,7 +11,7 @@ import sys
 from absl import logging
 import numpy as np
 
-from agent_tunix import grpo
+from agent_tunix import optimizer as optimizer_lib
 from agent_tunix import train
 from agent_tunix.bench import options
 from agent_tunix.bench import records
@@ -163,7 +163,7 @@ def build_context(config, workdir):
 def make_tx(config, num_steps):
   """The training optimizer (no warm-up) for a run of `num_steps`."""
   o = config.optimizer
-  tx, _ = grpo.make_optimizer(
+  tx, _ = optimizer_lib.make_optimizer(
       learning_rate=o.learning_rate, warmup_ratio=0.0, num_steps=num_steps,
       b1=o.b1, b2=o.b2, weight_decay=o.weight_decay,
       max_grad_norm=o.max_grad_norm,

@@ -5,6 +5,7 @@ import jax
 import numpy as np
 
 from agent_tunix import grpo
+from agent_tunix import objectives
 from agent_tunix import rollout
 from agent_tunix import sharding
 from agent_tunix import train
@@ -40,7 +41,7 @@ def ours_grpo(ctx):
     t1 = records.now()
     rewards = np.asarray(context.toy_reward(prompts, out.texts), np.float32)
     advantages = np.asarray(
-        grpo.group_advantages(rewards, num_g, g.scale_rewards), np.float32
+        objectives.group_advantages(rewards, num_g, g.scale_rewards), np.float32
     )
     update = {
         'tokens': np.concatenate([rows['prompt_tokens'], out.tokens], axis=1),

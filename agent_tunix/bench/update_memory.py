@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agent_tunix import grpo
+from agent_tunix import logprobs
 from agent_tunix import sharding
 from agent_tunix.bench import context
 from agent_tunix.bench import options
@@ -19,18 +20,18 @@ from agent_tunix.bench import records
 def naive_token_logps(model, tokens, input_mask, completion_len,
                       chunk_size=None, use_lora=True, compute_entropy=True,
                       group=1, temperature=1.0):
-  """grpo.per_token_logps from the model's full [B, T, V] logits.
+  """logprobs.per_token_logps from the model's full [B, T, V] logits.
 
-  Same arguments as grpo.per_token_logps; chunk_size is unused, LoRA is
+  Same arguments as logprobs.per_token_logps; chunk_size is unused, LoRA is
   always applied (the update's use) and every row runs in full (the memory
   section sets prompt_group=1 on both sides).
   """
   del chunk_size, use_lora, compute_entropy, group
   logits, _ = model(
       tokens,
-      grpo.positions_from_mask(input_mask),
+      logprobs.positions_from_mask(input_mask),
       None,
-      grpo.causal_attention_mask(input_mask),
+      logprobs.causal_attention_mask(input_mask),
   )
   length = tokens.shape[1]
   logits = logits[:, length - completion_len - 1 : length - 1]

@@ -64,7 +64,7 @@ def model_config(model_cfg):
   """The tunix ModelConfig for `config.model` (preset and dtype).
 
   `config.model.remat` is not part of it: the loaded model serves the sampler
-  too, so remat is switched on only inside the update (grpo._apply_remat).
+  too, so remat is switched on only inside the update (remat.apply_remat).
   """
   if model_cfg.preset not in PRESETS:
     raise ValueError(

@@ -1,0 +1,299 @@
+"""Per-token log-probs of completions: the model passes of the update.
+
+`per_token_logps` runs a tunix Gemma 3 (with or without its LoRA
+adapters) over prompt + completion and returns the log-prob, and
+optionally the entropy, of each completion token, without ever holding the
+full [rows, length, vocab] logits: the vocabulary projection runs in
+chunks (`chunked_token_logps`), and when G rows share a prompt the prompt
+runs through the model once (`shared_prompt_hidden_states`).
+
+The reference policy is the same backbone with LoRA disabled: qwix rewrites
+the model's class so that only its top-level `__call__` applies the adapters,
+and keeps the plain class as `_unquantized_type`. Calling that class's
+`__call__` on the same object runs the frozen weights alone, so no second copy
+of the weights is needed.
+"""
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+
+
+def chunked_token_logps(
+    hidden: jax.Array,
+    embedding: jax.Array,
+    targets: jax.Array,
+    chunk_size: int,
+    compute_entropy: bool = False,
+    temperature: float = 1.0,
+) -> tuple[jax.Array, jax.Array | None]:
+  """Log-probabilities of `targets` under logits = hidden @ embedding.T / T.
+
+  The sequence is processed `chunk_size` positions at a time with
+  `lax.map`. With more than one chunk, each is rematerialised in the
+  backward pass, so at most one [B, chunk_size, V] logits block exists at a
+  time, forward or backward. A single chunk is not rematerialised: its
+  backward pass runs right after its forward pass, so recomputing the logits
+  would save no memory and cost one more [B, T, D] x [D, V] matmul. Logits
+  are accumulated and normalised in float32.
+
+  The logits are divided by `temperature` (T) before the softmax, as the
+  sampler divides them before drawing a token, so log-probs and entropy are
+  those of the distribution the tokens were sampled from.
+
+  Args:
+    hidden: [B, T, D] final hidden states.
+    embedding: [V, D] output embedding (tied input embedding for Gemma).
+    targets: [B, T] int token ids.
+    chunk_size: positions per chunk; T need not be a multiple of it.
+    compute_entropy: also return the per-token entropy of the distribution.
+    temperature: T > 0, the sampling temperature (1 = the model's logits).
+
+  Returns:
+    (logps [B, T] float32, entropy [B, T] float32 or None).
+  """
+  if temperature <= 0:
+    raise ValueError(f'temperature must be > 0, got {temperature}.')
+  batch, length, dim = hidden.shape
+  chunk = max(1, min(chunk_size, length))
+  num_chunks = -(-length // chunk)
+  pad = num_chunks * chunk - length
+  if pad:
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+  hidden = hidden.reshape(batch, num_chunks, chunk, dim).swapaxes(0, 1)
+  targets = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
+
+  def one_chunk(args):
+    h, t = args
+    logits = jnp.einsum(
+        'bcd,vd->bcv', h, embedding, preferred_element_type=jnp.float32
+    )
+    if temperature != 1.0:
+      logits = logits / temperature
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
+    logps = picked - lse
+    if compute_entropy:
+      probs = jnp.exp(logits - lse[..., None])
+      entropy = lse - jnp.sum(probs * logits, axis=-1)
+    else:
+      entropy = jnp.zeros_like(logps)
+    return logps, entropy
+
+  if num_chunks > 1:
+    one_chunk = jax.checkpoint(one_chunk)
+  logps, entropy = jax.lax.map(one_chunk, (hidden, targets))
+
+  def unchunk(x):
+    return x.swapaxes(0, 1).reshape(batch, num_chunks * chunk)[:, :length]
+
+  return unchunk(logps), (unchunk(entropy) if compute_entropy else None)
+
+
+def positions_from_mask(input_mask: jax.Array) -> jax.Array:
+  """[B, L] positions counting real tokens from 0; pads before them get 0."""
+  return jnp.maximum(jnp.cumsum(input_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def causal_attention_mask(input_mask: jax.Array) -> jax.Array:
+  """[B, L, L] mask: query i may attend to real key j <= i."""
+  length = input_mask.shape[-1]
+  causal = jnp.tril(jnp.ones((length, length), jnp.bool_))
+  return causal[None] & input_mask.astype(jnp.bool_)[:, None, :]
+
+
+def final_hidden_states(
+    model: nnx.Module,
+    tokens: jax.Array,
+    input_mask: jax.Array,
+    use_lora: bool = True,
+) -> jax.Array:
+  """Runs the model and returns its final-normed hidden states [B, L, D].
+
+  The full-vocabulary logits the model returns are discarded (XLA removes
+  that matmul under jit). With use_lora=False the plain (pre-qwix) class's
+  `__call__` runs on the same object, which skips the LoRA adapters; for a
+  model without LoRA both settings are the same.
+
+  Args:
+    model: a tunix Gemma3 (optionally with qwix LoRA applied).
+    tokens: [B, L] int token ids.
+    input_mask: [B, L] True on real tokens.
+    use_lora: apply the LoRA adapters.
+
+  Returns:
+    [B, L, D] hidden states in the model's compute dtype.
+  """
+  model_cls = type(model)
+  if not use_lora:
+    model_cls = getattr(model_cls, '_unquantized_type', model_cls)
+
+  def forward(module):
+    model_cls.__call__(
+        module,
+        tokens,
+        positions_from_mask(input_mask),
+        None,
+        causal_attention_mask(input_mask),
+        output_hidden_states=True,
+    )
+
+  _, sown = nnx.capture(forward, nnx.Intermediate)(model)
+  return sown['all_hidden_states'].get_value()[-1]
+
+
+def can_share_prompts(model: nnx.Module, length: int,
+                      completion_len: int) -> bool:
+  """Whether `shared_prompt_hidden_states` equals the full forward here.
+
+  tunix's multi-token attention with a KV cache places its sliding-window
+  band as if the queries started at cache index 0; the band is irrelevant
+  (and both paths agree) when the whole sequence fits in the window. A
+  single completion token would take tunix's one-token decode path instead.
+
+  Args:
+    model: a tunix Gemma3 (optionally with LoRA).
+    length: P + C.
+    completion_len: C.
+
+  Returns:
+    True when the shared-prompt forward may be used.
+  """
+  window = getattr(getattr(model, 'config', None), 'sliding_window_size', 0)
+  return (bool(window) and length <= window and completion_len >= 2
+          and length - completion_len >= 2)
+
+
+def shared_prompt_hidden_states(
+    model: nnx.Module,
+    tokens: jax.Array,
+    input_mask: jax.Array,
+    completion_len: int,
+    group: int,
+    use_lora: bool = True,
+) -> jax.Array:
+  """Final hidden states that predict the completion, prompts run once.
+
+  Rows i*group .. i*group + group - 1 must share their prompt (the first
+  P = L - C tokens and mask). Each distinct prompt but its last token runs
+  through the model once, filling a KV cache; the cache is repeated `group`
+  times and the last prompt token plus the first C - 1 completion tokens of
+  every row run on top of it. This is the computation of
+  `final_hidden_states(...)[:, P - 1 : L - 1]` with the prompt's share done
+  once instead of `group` times (gradients from every row of a group add up
+  in the shared part). Callers check `can_share_prompts` first.
+
+  Args:
+    model: a tunix Gemma3 (optionally with qwix LoRA applied).
+    tokens: [N, L] left-padded prompts followed by completions.
+    input_mask: [N, L] True on real tokens.
+    completion_len: C.
+    group: rows per prompt (G); divides N.
+    use_lora: apply the LoRA adapters.
+
+  Returns:
+    [N, C, D] hidden states at positions P - 1 .. L - 2.
+  """
+  rows, length = tokens.shape
+  if rows % group:
+    raise ValueError(f'group={group} does not divide the {rows} rows.')
+  prompt_len = length - completion_len
+  cache_len = length - 1  # The last token predicts nothing here.
+  model_cls = type(model)
+  if not use_lora:
+    model_cls = getattr(model_cls, '_unquantized_type', model_cls)
+  positions = positions_from_mask(input_mask)
+  cfg = model.config
+  dtype = model.embedder.input_embedding[...].dtype
+  num_prompts = rows // group
+  shape = (num_prompts, cache_len, cfg.num_kv_heads, cfg.head_dim)
+  cache = {
+      f'layer_{i}': {
+          'k': jnp.zeros(shape, dtype),
+          'v': jnp.zeros(shape, dtype),
+          'end_index': jnp.zeros((num_prompts,), jnp.int32),
+      }
+      for i in range(cfg.num_layers)
+  }
+  # 1. Each prompt without its last token, once: only the cache is kept.
+  head = prompt_len - 1
+  head_mask = input_mask[::group, :head]
+  head_attn = jnp.pad(
+      causal_attention_mask(head_mask), ((0, 0), (0, 0), (0, cache_len - head))
+  )
+  _, cache = model_cls.__call__(
+      model, tokens[::group, :head], positions[::group, :head], cache,
+      head_attn,
+  )
+  cache = jax.tree.map(lambda x: jnp.repeat(x, group, axis=0), cache)
+  # 2. Every row: the last prompt token and the completion but its last
+  # token, attending to the cached prompt and to itself causally.
+  tail = slice(head, cache_len)
+  query_index = jnp.arange(head, cache_len)
+  tail_attn = (
+      (jnp.arange(cache_len)[None, :] <= query_index[:, None])[None]
+      & input_mask[:, None, :cache_len].astype(jnp.bool_)
+  )
+
+  def forward(module):
+    model_cls.__call__(
+        module, tokens[:, tail], positions[:, tail], cache, tail_attn,
+        output_hidden_states=True,
+    )
+
+  _, sown = nnx.capture(forward, nnx.Intermediate)(model)
+  return sown['all_hidden_states'].get_value()[-1]
+
+
+def per_token_logps(
+    model: nnx.Module,
+    tokens: jax.Array,
+    input_mask: jax.Array,
+    completion_len: int,
+    chunk_size: int,
+    use_lora: bool = True,
+    compute_entropy: bool = False,
+    group: int = 1,
+    temperature: float = 1.0,
+) -> tuple[jax.Array, jax.Array | None]:
+  """Log-probs of the last `completion_len` tokens given what precedes them.
+
+  Args:
+    model: a tunix Gemma3 (optionally with qwix LoRA applied).
+    tokens: [B, P + C] left-padded prompt followed by the completion.
+    input_mask: [B, P + C] True on real tokens.
+    completion_len: C.
+    chunk_size: sequence chunk for the vocabulary projection.
+    use_lora: apply the LoRA adapters (False = reference policy).
+    compute_entropy: also return per-token entropies.
+    group: rows per shared prompt (contiguous); above 1, each prompt runs
+      through the model once (`shared_prompt_hidden_states`) where
+      `can_share_prompts` allows it.
+    temperature: the logits are divided by it before the softmax (the
+      sampling temperature; see `chunked_token_logps`).
+
+  Returns:
+    (logps [B, C] float32, entropy [B, C] float32 or None).
+  """
+  length = tokens.shape[1]
+  if not 0 < completion_len < length:
+    raise ValueError(
+        f'completion_len={completion_len} must be in (0, {length}): the '
+        'sequence needs at least one prompt token.'
+    )
+  if group > 1 and can_share_prompts(model, length, completion_len):
+    hidden = shared_prompt_hidden_states(
+        model, tokens, input_mask, completion_len, group, use_lora=use_lora
+    )
+  else:
+    hidden = final_hidden_states(model, tokens, input_mask, use_lora=use_lora)
+    # Position t predicts token t + 1.
+    hidden = hidden[:, length - completion_len - 1 : length - 1]
+  targets = tokens[:, length - completion_len :]
+  embedding = model.embedder.input_embedding[...]
+  return chunked_token_logps(
+      hidden, embedding, targets, chunk_size, compute_entropy=compute_entropy,
+      temperature=temperature,
+  )
