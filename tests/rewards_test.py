@@ -138,9 +138,9 @@ def _tagged(answer_text):
         (_tagged('0'), '0', 3.0),  # True answer zero.
         (_tagged('0.0'), '0', 1.5),
         (_tagged('0.001'), '0', -1.0),
-        (_tagged('seventy-two'), '72', -0.5),  # Not a number.
-        (_tagged('72 apples'), '72', -0.5),
-        (_tagged(''), '72', -0.5),
+        (_tagged('seventy-two'), '72', -1.5),  # Not a number.
+        (_tagged('72 apples'), '72', -1.5),
+        (_tagged(''), '72', -1.5),
         (_tagged('5'), 'blue', -1.0),  # True answer not a number.
         (_tagged('blue'), 'blue', 3.0),
         ('72', '72', 0.0),  # No tags.
@@ -471,7 +471,7 @@ def test_reward_set_total_is_weighted_sum(user_module):
                              question=['q'] * 4)
   assert list(per_fn) == ['format_exact', 'format_approx', 'answer',
                           'numbers', f'{user_module}:brevity']
-  np.testing.assert_array_equal(per_fn['answer'], [3.0, 0.0, 0.5, -0.5])
+  np.testing.assert_array_equal(per_fn['answer'], [3.0, 0.0, 0.5, -1.5])
   np.testing.assert_array_equal(per_fn['numbers'], [1.5, 1.5, 0.0, 0.0])
   weights = reward_set.weights
   expected = sum(weights[n] * per_fn[n].astype(np.float64) for n in per_fn)
@@ -510,10 +510,10 @@ _EXACT_FORMAT_WRONG = [
     ('within_10_percent', _exact('100 - 10 = 91', '91'), 2.5),
     ('within_20_percent', _exact('100 - 10 = 80', '80'), 2.25),
     ('far_off', _exact('100 + 10 = 110 + 5', '7'), 1.0),
-    ('not_a_number', _exact('100 - 10', 'ninety'), 1.5),
+    ('not_a_number', _exact('100 - 10', 'ninety'), 0.5),
     # Units in the block: evaluation counts it wrong, so no reward reads the
     # 90 in it (the 270M learned to write these when `numbers` paid them).
-    ('units_in_answer_block', _exact('100 - 10 = 90', '90 apples'), 1.5),
+    ('units_in_answer_block', _exact('100 - 10 = 90', '90 apples'), 0.5),
 ]
 # (case, completion, default total): the right answer, imperfect format.
 _RIGHT_IMPERFECT_FORMAT = [
@@ -579,6 +579,12 @@ def test_default_reward_pays_for_being_right_first():
       [_exact('100 - 10 = 90', '90'), '100 - 10 = 80'])
   assert best > right.max()
   assert untagged_wrong < wrong.min()
+  # Units in the answer block (counted wrong by the evaluation, even with
+  # the right number) score below a plain wrong number: otherwise writing
+  # units is a safer bet than computing (the 270M default run learned it).
+  units, wrong_number = _default_totals([
+      _exact('100 - 10 = 90', '90 apples'), _exact('100 - 10 = 80', '80')])
+  assert units < wrong_number
 
 
 def test_reward_set_length_penalty():
@@ -686,7 +692,7 @@ def test_fuzz_never_raises(text, true_answer):
     (score,) = rewards.resolve(name)(['p'], [text], answer=[true_answer])
     assert np.isfinite(score)
   assert _one(math_rewards.answer_match, text, answer=true_answer) in (
-      3.0, 1.5, 0.5, 0.25, 0.0, -0.5, -1.0)
+      3.0, 1.5, 0.5, 0.25, 0.0, -1.0, -1.5)
   assert -2.0 <= _one(format_rewards.format_approx, text) <= 2.0
 
 

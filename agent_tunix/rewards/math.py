@@ -40,7 +40,10 @@ CLOSE_ANSWER_SCORE = 1.5  # Same up to whitespace, or the same number.
 WITHIN_10_PERCENT_SCORE = 0.5  # guess / true in [0.9, 1.1].
 WITHIN_20_PERCENT_SCORE = 0.25  # guess / true in [0.8, 1.2].
 WRONG_ANSWER_SCORE = -1.0  # A number, but not close (or true answer is 0).
-NOT_A_NUMBER_SCORE = -0.5  # Answer block present, but no number in it.
+# Answer block present, but not exactly one number: below a wrong number, or
+# units/words in the block become a safer bet than computing (the 270M
+# default run learned `<answer>5 cars</answer>` when this was -0.5).
+NOT_A_NUMBER_SCORE = -1.5
 NO_ANSWER_SCORE = 0.0  # No complete <answer>...</answer> block.
 
 # `numbers` reward value for a number equal to the true answer.
@@ -233,7 +236,8 @@ def answer_match(
   * no complete answer block: 0.0;
   * the block's text equals the true answer: 3.0;
   * equal after stripping whitespace: 1.5;
-  * the text is not a number (`parse_number`): -0.5;
+  * the text is not a number (`parse_number`): -1.5 (below a wrong
+    number: evaluation counts it wrong too);
   * the true answer is not a number: -1.0;
   * the same number written differently (`72.0`, `$72`, `1,234`): 1.5;
   * the true answer is 0 (no ratio), or the number occurs in the question
