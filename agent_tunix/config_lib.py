@@ -28,6 +28,7 @@ _CHOICES = {
     'grpo.kl_estimator': objectives.KL_ESTIMATORS,
     'grpo.scale_rewards': objectives.SCALE_REWARDS_MODES,
     'grpo.loss_agg_mode': objectives.LOSS_AGG_MODES,
+    'grpo.importance_sampling_level': objectives.IMPORTANCE_SAMPLING_LEVELS,
 }
 
 
@@ -85,6 +86,46 @@ def validate(config, num_devices=None, process_count=1, workdir=None):
       'completions within a group, so it needs at least 2.',
   )
   _require(g.beta >= 0, f'config.grpo.beta={g.beta} must be >= 0.')
+  _require(
+      g.kl_target >= 0,
+      f'config.grpo.kl_target={g.kl_target} must be >= 0 (0 = fixed beta).',
+  )
+  _require(
+      g.init_kl_coeff >= 0,
+      f'config.grpo.init_kl_coeff={g.init_kl_coeff} must be >= 0.',
+  )
+  _require(
+      g.kl_target > 0 or g.init_kl_coeff == 0,
+      f'config.grpo.init_kl_coeff={g.init_kl_coeff} applies only to the '
+      'adaptive controller (grpo.kl_target > 0); for a fixed coefficient '
+      'set grpo.beta instead.',
+  )
+  _require(
+      g.kl_target == 0 or max(g.init_kl_coeff, g.beta) > 0,
+      f'config.grpo.kl_target={g.kl_target} adapts the KL coefficient, '
+      'which needs a start > 0: set grpo.init_kl_coeff or grpo.beta.',
+  )
+  _require(
+      g.kl_horizon > 0,
+      f'config.grpo.kl_horizon={g.kl_horizon} must be > 0 (completions).',
+  )
+  _require(
+      g.entropy_coeff >= 0,
+      f'config.grpo.entropy_coeff={g.entropy_coeff} must be >= 0 (0 = off).',
+  )
+  _require(
+      g.maxent_tau >= 0,
+      f'config.grpo.maxent_tau={g.maxent_tau} must be >= 0 (0 = off).',
+  )
+  _require(
+      g.maxent_q_temperature > 0,
+      f'config.grpo.maxent_q_temperature={g.maxent_q_temperature} must be '
+      '> 0.',
+  )
+  _require(
+      0 <= g.maxent_q_epsilon <= 1,
+      f'config.grpo.maxent_q_epsilon={g.maxent_q_epsilon} must be in [0, 1].',
+  )
   _require(
       g.epsilon > 0, f'config.grpo.epsilon={g.epsilon} must be positive.'
   )

@@ -36,6 +36,10 @@ Batch layout (N rows = prompts x generations, groups contiguous):
   ref_logps        float32 [N, C]      needed only when hp.beta > 0
   sampler_logps    float32 [N, C]      optional; the sampler's log-probs of
                                        the completion tokens (rollout.py)
+  rewards          float32 [N]         needed only when hp.maxent_tau > 0
+  kl_coeff         float32 [N]         optional; the KL coefficient of each
+                                       row (the adaptive controller's
+                                       value); absent = hp.beta
 
 The reference policy is the base model: LoRA switched off on the same
 weights (`logprobs.final_hidden_states`).
@@ -66,6 +70,8 @@ _BATCH_KEYS = (
     'old_logps',
     'ref_logps',
     'sampler_logps',
+    'rewards',
+    'kl_coeff',
 )
 
 
@@ -74,7 +80,8 @@ class StepHParams:
   """Static hyperparameters of the GRPO update (hashable, for jit).
 
   Attributes:
-    beta: KL coefficient; 0 means no KL term and no reference pass.
+    beta: KL coefficient (the starting one with an adaptive controller,
+      whose current value comes in batch['kl_coeff']); 0 means no KL term.
     epsilon: lower PPO clip range (and upper, unless epsilon_high >= 0).
     epsilon_high: upper clip range; negative means equal to epsilon.
     kl_estimator: 'k1' or 'k3'.
@@ -108,6 +115,18 @@ class StepHParams:
       (Dr. GRPO) divides by; 0 = the batch's completion length C. The train
       loop sets generation.max_generation_steps, so trimming a batch to a
       shorter bucket (`trim_completions`) leaves the loss unchanged.
+    importance_sampling_level: 'token' (PPO/GRPO's per-token ratio,
+      `objectives.clipped_surrogate`) or 'sequence' (GSPO,
+      `objectives.sequence_clipped_surrogate`).
+    entropy_coeff: c of the entropy bonus (`objectives.entropy_bonus`);
+      0 = off.
+    num_generations: G, rows per group (contiguous); needed by MaxEnt.
+    maxent_tau: > 0 turns MaxEnt-GRPO on: the advantages are
+      `objectives.maxent_advantages` of batch['rewards'] and
+      batch['ref_logps'] instead of batch['advantages'].
+    maxent_q_temperature: see `objectives.maxent_target_weights`.
+    maxent_q_epsilon: see `objectives.maxent_target_weights`.
+    maxent_length_normalize_ref: see `objectives.maxent_advantages`.
   """
 
   beta: float = 0.04
@@ -122,12 +141,37 @@ class StepHParams:
   temperature: float = 1.0
   tis_cap: float = 0.0
   completion_norm: int = 0
+  importance_sampling_level: str = 'token'
+  entropy_coeff: float = 0.0
+  num_generations: int = 1
+  maxent_tau: float = 0.0
+  maxent_q_temperature: float = 1.0
+  maxent_q_epsilon: float = 0.05
+  maxent_length_normalize_ref: bool = True
 
   def __post_init__(self):
     check = objectives.check_choice
     check('kl_estimator', self.kl_estimator, objectives.KL_ESTIMATORS)
     check('remat', self.remat, remat.REMAT_MODES)
     check('loss_agg_mode', self.loss_agg_mode, objectives.LOSS_AGG_MODES)
+    check('importance_sampling_level', self.importance_sampling_level,
+          objectives.IMPORTANCE_SAMPLING_LEVELS)
+    if self.maxent_tau < 0:
+      raise ValueError(
+          f'maxent_tau must be >= 0 (0 = off), got {self.maxent_tau}.')
+    if self.maxent_tau > 0:
+      if self.num_generations < 2:
+        raise ValueError(
+            f'MaxEnt-GRPO needs num_generations >= 2, got '
+            f'{self.num_generations}.')
+      if self.maxent_q_temperature <= 0:
+        raise ValueError(
+            f'maxent_q_temperature must be > 0, got '
+            f'{self.maxent_q_temperature}.')
+      if not 0 <= self.maxent_q_epsilon <= 1:
+        raise ValueError(
+            f'maxent_q_epsilon must be in [0, 1], got '
+            f'{self.maxent_q_epsilon}.')
     if self.beta < 0:
       raise ValueError(f'beta must be >= 0, got {self.beta}.')
     if self.epsilon < 0:
@@ -153,8 +197,25 @@ class StepHParams:
       )
 
   @property
+  def needs_reference(self) -> bool:
+    """Whether the update reads batch['ref_logps'] (KL or MaxEnt)."""
+    return self.beta > 0 or self.maxent_tau > 0
+
+  @property
   def upper_epsilon(self) -> float:
     return self.epsilon if self.epsilon_high < 0 else self.epsilon_high
+
+
+def initial_kl_coeff(config: Any) -> float:
+  """The KL coefficient of step 1.
+
+  grpo.beta, fixed, when grpo.kl_target is 0; with an adaptive controller
+  (kl_target > 0) grpo.init_kl_coeff, or grpo.beta when that is 0.
+  """
+  g = config.grpo
+  if g.kl_target > 0 and g.init_kl_coeff > 0:
+    return float(g.init_kl_coeff)
+  return float(g.beta)
 
 
 def hparams_from_config(config: Any) -> StepHParams:
@@ -171,7 +232,7 @@ def hparams_from_config(config: Any) -> StepHParams:
     The static hyperparameters of the update.
   """
   return StepHParams(
-      beta=float(config.grpo.beta),
+      beta=initial_kl_coeff(config),
       epsilon=float(config.grpo.epsilon),
       epsilon_high=float(config.grpo.epsilon_high),
       kl_estimator=config.grpo.kl_estimator,
@@ -187,6 +248,14 @@ def hparams_from_config(config: Any) -> StepHParams:
       temperature=float(config.generation.temperature or 1.0),
       tis_cap=float(config.grpo.tis_cap),
       completion_norm=int(config.generation.max_generation_steps),
+      importance_sampling_level=config.grpo.importance_sampling_level,
+      entropy_coeff=float(config.grpo.entropy_coeff),
+      num_generations=int(config.grpo.num_generations),
+      maxent_tau=float(config.grpo.maxent_tau),
+      maxent_q_temperature=float(config.grpo.maxent_q_temperature),
+      maxent_q_epsilon=float(config.grpo.maxent_q_epsilon),
+      maxent_length_normalize_ref=bool(
+          config.grpo.maxent_length_normalize_ref),
   )
 
 
@@ -308,8 +377,8 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
     model: the LoRA model.
     batch: see the module docstring.
     hp: static hyperparameters.
-    logps_fn: replaces `logprobs.per_token_logps` (same arguments); the benchmark
-      passes a naive full-logits version.
+    logps_fn: replaces `logprobs.per_token_logps` (same arguments); the
+      benchmark passes a naive full-logits version.
 
   Returns:
     (LoRA grads State, metrics dict).
@@ -320,11 +389,29 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
         f'tis_cap={hp.tis_cap} needs batch["sampler_logps"] (the sampler\'s '
         'log-probs of the completion tokens); pass them or set tis_cap=0.'
     )
-  if hp.beta > 0 and 'ref_logps' not in batch:
+  if hp.needs_reference and 'ref_logps' not in batch:
     raise ValueError(
-        f'beta={hp.beta} needs batch["ref_logps"]; compute them with '
-        'grpo.reference_logps or set beta=0.'
+        f'beta={hp.beta} / maxent_tau={hp.maxent_tau} needs '
+        'batch["ref_logps"]; compute them with grpo.reference_logps or set '
+        'both to 0.'
     )
+  extra_metrics = {}
+  if hp.maxent_tau > 0:
+    if 'rewards' not in batch:
+      raise ValueError(
+          f'maxent_tau={hp.maxent_tau} needs batch["rewards"] (the rows\' '
+          'total rewards); pass them or set maxent_tau=0.'
+      )
+    batch = dict(batch, advantages=objectives.maxent_advantages(
+        batch['rewards'], batch['ref_logps'], batch['completion_mask'],
+        hp.num_generations, hp.maxent_tau, hp.maxent_q_temperature,
+        hp.maxent_q_epsilon, hp.maxent_length_normalize_ref,
+    ))
+    # Entropy of each group's target w = (A + 1) / G, mean over groups.
+    weights = (batch['advantages'] + 1.0) / hp.num_generations
+    extra_metrics['maxent/target_entropy'] = -jnp.sum(
+        weights * jnp.log(jnp.maximum(weights, 1e-30))
+    ) / (weights.shape[0] // hp.num_generations)
   graphdef, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
   mask = batch['completion_mask'].astype(jnp.float32)
   completion_len = mask.shape[1]
@@ -352,13 +439,16 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
     old_logps = micro.get('old_logps')
     if old_logps is None:
       old_logps = jax.lax.stop_gradient(logps)
-    per_token, is_clipped = objectives.clipped_surrogate(
-        logps,
-        old_logps,
-        micro['advantages'],
-        hp.epsilon,
-        hp.upper_epsilon,
-    )
+    if hp.importance_sampling_level == 'sequence':
+      per_token, is_clipped = objectives.sequence_clipped_surrogate(
+          logps, old_logps, micro['advantages'], micro_mask, hp.epsilon,
+          hp.upper_epsilon,
+      )
+    else:
+      per_token, is_clipped = objectives.clipped_surrogate(
+          logps, old_logps, micro['advantages'], hp.epsilon,
+          hp.upper_epsilon,
+      )
     if hp.tis_cap > 0:
       per_token = per_token * objectives.tis_weights(
           old_logps, micro['sampler_logps'], hp.tis_cap
@@ -376,8 +466,12 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
       kl = objectives.kl_divergence(
           logps, micro['ref_logps'], hp.kl_estimator
       )
-      per_token = per_token + hp.beta * kl
+      coeff = micro['kl_coeff'][:, None] if 'kl_coeff' in micro else hp.beta
+      per_token = per_token + coeff * kl
       sums['kl'] = (jax.lax.stop_gradient(kl) * micro_mask).sum()
+    if hp.entropy_coeff:
+      per_token = objectives.entropy_bonus(per_token, entropy,
+                                          hp.entropy_coeff)
     # Weight each micro-batch by its share of the full-batch normaliser so
     # that the sum over micro-batches is the full-batch loss for every mode.
     weight = objectives.agg_count(micro_mask, hp.loss_agg_mode) / total
@@ -406,6 +500,7 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
   metrics = {key: value / total_tokens for key, value in sums.items()}
   metrics['loss'] = loss
   metrics['grad_norm'] = optax.tree.norm(grads)
+  metrics.update(extra_metrics)
   return grads, metrics
 
 

@@ -15,7 +15,7 @@ batch, micro-batching, remat, LoRA and KV cache:
   rollout_decode   rollout.Rollout.decode_fn: the sampler's decode loop
                    (XLA's cost analysis counts the loop body once, so its
                    flops and bytes are those of one decode step)
-  reference_logps  grpo.logps_program (LoRA off), when grpo.beta > 0
+  reference_logps  grpo.logps_program (LoRA off), when grpo.beta > 0 or MaxEnt
   policy_logps     the same with LoRA on: the old-policy log-probs when
                    grpo.num_iterations > 1, and the finiteness check before
                    every checkpoint save (divergence.check_state)
@@ -224,8 +224,13 @@ def update_batch(config, mesh, completion_len=None):
       'advantages': ((rows,), jnp.float32),
       'sampler_logps': ((rows, c), jnp.float32),
   }
-  if g.beta > 0:
+  hp = grpo.hparams_from_config(config)
+  if hp.needs_reference:
     shapes['ref_logps'] = ((rows, c), jnp.float32)
+  if hp.maxent_tau > 0:
+    shapes['rewards'] = ((rows,), jnp.float32)
+  if g.kl_target > 0:
+    shapes['kl_coeff'] = ((rows,), jnp.float32)
   if g.num_iterations > 1:
     shapes['old_logps'] = ((rows, c), jnp.float32)
   return {
@@ -414,7 +419,7 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
   logps_fn, model_state = grpo.logps_program(model)
   logps_batch = {k: batch[k] for k in ('tokens', 'input_mask',
                                        'completion_mask')}
-  if 'reference_logps' in programs and g.beta > 0:
+  if 'reference_logps' in programs and hp.needs_reference:
     compiler('reference_logps', logps_fn, (model_state, logps_batch),
              {'hp': hp, 'use_lora': False}, 1, opt_bytes, micro_batches)
   if 'policy_logps' in programs:

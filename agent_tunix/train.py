@@ -68,6 +68,9 @@ class Session:
   train_iter: object = None
   data_stats: dict = None
   last_batch: dict = None  # The last update batch (for divergence checks).
+  # The KL coefficient the next update uses (grpo.kl_target > 0 adapts it;
+  # checkpointed in the step's meta).
+  kl_coeff: float = 0.0
 
 
 def step_seed(base_seed, step):
@@ -108,6 +111,7 @@ def setup(config, workdir, with_data=True):
       schedule=schedule,
       hp=grpo.hparams_from_config(config),
       eval_set=pipeline.eval_examples(config, tokenizer),
+      kl_coeff=grpo.initial_kl_coeff(config),
   )
   if with_data:
     session.train_iter, session.data_stats = pipeline.make_train_iterator(
@@ -165,6 +169,9 @@ def rollout_batch(session, batch, step):
       # The update logs sampler/logp_abs_diff from these.
       'sampler_logps': out.logps,
   }
+  if config.grpo.maxent_tau > 0:
+    # MaxEnt-GRPO computes its own advantages from the rewards.
+    update['rewards'] = np.asarray(total, np.float32)
   samples = (prompts, out.texts, total)
   return update, scalars, samples, gen_tokens
 
@@ -207,9 +214,13 @@ def update_policy(session, update):
       np.array([lengths.max(initial=0)])).max())
   bucket = grpo.completion_bucket(longest, update['completion_mask'].shape[1])
   update = grpo.trim_completions(update, bucket)
+  adaptive = config.grpo.kl_target > 0
+  if adaptive:
+    update['kl_coeff'] = np.full(
+        len(update['advantages']), session.kl_coeff, np.float32)
   batch = sharding.shard_batch(update, session.mesh)
   session.last_batch = batch
-  if config.grpo.beta > 0:
+  if session.hp.needs_reference:
     batch['ref_logps'] = grpo.reference_logps(session.model, batch, session.hp)
   if config.grpo.num_iterations > 1:
     batch['old_logps'] = grpo.policy_logps(session.model, batch, session.hp)
@@ -217,7 +228,17 @@ def update_policy(session, update):
     step_metrics = grpo.train_step(
         session.model, session.optimizer, batch, session.hp
     )
-  return {k: float(sharding.to_host(v)) for k, v in step_metrics.items()}
+  scalars = {k: float(sharding.to_host(v)) for k, v in step_metrics.items()}
+  if session.hp.beta > 0:
+    scalars['kl_coeff'] = session.kl_coeff
+  if adaptive:
+    # Every process sees the same global KL, so they all agree.
+    session.kl_coeff = objectives.adaptive_kl_coeff(
+        session.kl_coeff, scalars['kl'], config.grpo.kl_target,
+        config.grpo.kl_horizon,
+        config.training.batch_size * config.grpo.num_generations,
+    )
+  return scalars
 
 
 def last_learning_rate(session):
@@ -238,7 +259,7 @@ def save(ckpt, session, step, force=False):
                          session.last_batch, session.hp, session.config, ckpt)
   ckpt.save(step, checkpoint.lora_state(session.model),
             checkpoint.optimizer_state(session.optimizer),
-            session.train_iter, {}, force=force)
+            session.train_iter, {'kl_coeff': session.kl_coeff}, force=force)
 
 
 def restore_lora(session, workdir, step=None):
@@ -285,7 +306,9 @@ def run(session):
   restored = ckpt.restore_into(model, optimizer, session.train_iter)
   ckpt.set_aside_damaged()
   if restored is not None:
-    _, start = restored
+    meta, start = restored
+    if config.grpo.kl_target > 0 and 'kl_coeff' in meta:
+      session.kl_coeff = float(meta['kl_coeff'])
     logging.info('Resumed from step %d in %s', start, workdir)
   writer = metrics_lib.create_writer(workdir)
   if start == 0:

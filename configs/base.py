@@ -120,14 +120,41 @@ def get_config(arg=None):
   config.grpo = ml_collections.ConfigDict()
   # G: completions sampled per prompt (at least 2).
   config.grpo.num_generations = 4
-  # KL coefficient; 0 skips the reference pass entirely.
+  # KL coefficient, fixed when kl_target is 0 (and the adaptive
+  # controller's start when init_kl_coeff is 0); 0 = no KL term.
   config.grpo.beta = 0.04
+  # Adaptive KL (Ziegler et al. 2019): the coefficient at step 1; 0 = start
+  # at beta. Used only when kl_target > 0.
+  config.grpo.init_kl_coeff = 0.0
+  # Adaptive KL: the KL per completion token to hold; each step the
+  # coefficient is multiplied by 1 + clip(kl / kl_target - 1, +-0.2) *
+  # n / kl_horizon (n = completions in the step). 0 = fixed beta.
+  config.grpo.kl_target = 0.0
+  # Adaptive KL: horizon in completions (larger = slower changes).
+  config.grpo.kl_horizon = 10000.0
   # KL estimator: 'k1' (log ratio) or 'k3' (exp(r) - r - 1).
   config.grpo.kl_estimator = 'k3'
   # PPO clip range (lower, and upper unless epsilon_high is set).
   config.grpo.epsilon = 0.2
   # Upper clip range (clip-higher); negative means equal to epsilon.
   config.grpo.epsilon_high = -1.0
+  # Importance ratio: 'token' (per token, PPO/GRPO) or 'sequence' (GSPO:
+  # one length-normalised ratio per completion, clipped; use epsilon ~3e-4).
+  config.grpo.importance_sampling_level = 'token'
+  # Entropy bonus: c in loss - c * H (mean token entropy of the policy); 0 =
+  # off.
+  config.grpo.entropy_coeff = 0.0
+  # MaxEnt-GRPO: tau > 0 replaces the reward-normalised advantages by
+  # G * w - 1, w = softmax(ref score + log q / tau) per group (README);
+  # tau weighs entropy and closeness to the reference. 0 = off.
+  config.grpo.maxent_tau = 0.0
+  # MaxEnt-GRPO: temperature of q = softmax(rewards / q_temperature).
+  config.grpo.maxent_q_temperature = 1.0
+  # MaxEnt-GRPO: share of the uniform distribution mixed into q.
+  config.grpo.maxent_q_epsilon = 0.05
+  # MaxEnt-GRPO: reference score = mean log-prob per completion token
+  # (True) or the sum (False, favours short completions).
+  config.grpo.maxent_length_normalize_ref = True
   # mu: policy updates per batch of rollouts (the learning-rate schedule
   # spans training.num_steps x mu updates).
   config.grpo.num_iterations = 1

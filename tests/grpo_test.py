@@ -878,3 +878,102 @@ def test_only_bucket_shapes_compile(abstract_lora_model):
   # Buckets 2, 4 and 8 (the last is the full batch's shape, too).
   assert shapes == {(4, 5), (4, 7), (4, 11)}
   assert jitted._cache_size() - before == 3  # pylint: disable=protected-access
+
+
+# ------------------------------------------ the objective menu in the update
+
+
+def _direct_grads(model, batch, per_token_fn, mode='sequence-mean-token-mean'):
+  """LoRA grads of aggregate(per_token_fn(logps, entropy)), one pass."""
+  graphdef, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
+  mask = batch['completion_mask']
+
+  def loss_fn(lora):
+    logps, entropy = logprobs.per_token_logps(
+        nnx.merge(graphdef, lora, rest), batch['tokens'], batch['input_mask'],
+        mask.shape[1], chunk_size=mask.shape[1], compute_entropy=True,
+    )
+    return objectives.aggregate_loss(per_token_fn(logps, entropy), mask, mode)
+
+  return jax.grad(loss_fn)(lora)
+
+
+def _assert_same_grads(got, want):
+  for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_gspo_entropy_and_row_kl_coeff_in_the_update(abstract_lora_model):
+  model = _lora_model(abstract_lora_model)
+  batch = _batch(num_rows=4)
+  # GSPO-sized clip ranges, with old log-probs close enough to the policy
+  # that some sequences are inside the trust region and some outside.
+  logps, _ = logprobs.per_token_logps(
+      model, batch['tokens'], batch['input_mask'], 5, chunk_size=5)
+  shift = jnp.array([0.0, 0.02, -0.03, 0.001])[:, None]
+  batch['old_logps'] = logps + shift
+  batch['kl_coeff'] = jnp.full((4,), 0.3, jnp.float32)
+  mode = 'sequence-mean-token-mean'
+
+  def reference(lp, entropy):
+    surrogate, _ = objectives.sequence_clipped_surrogate(
+        lp, batch['old_logps'], batch['advantages'],
+        batch['completion_mask'], 0.01, 0.015)
+    kl = objectives.kl_divergence(lp, batch['ref_logps'], 'k3')
+    return surrogate + 0.3 * kl - 0.05 * entropy
+
+  want = _direct_grads(model, batch, reference, mode)
+  hp = grpo.StepHParams(
+      beta=0.1,  # The rows' kl_coeff (0.3) replaces it.
+      epsilon=0.01, epsilon_high=0.015, loss_agg_mode=mode, chunk_size=3,
+      micro_batch_size=2, importance_sampling_level='sequence',
+      entropy_coeff=0.05)
+  got, metrics = grpo.compute_grads(model, batch, hp)
+  _assert_same_grads(got, want)
+  assert 0 < float(metrics['clip_ratio']) < 1
+  # Old log-probs 0.1 off per token, alternately up and down: the token
+  # ratios leave the trust region, the sequences' geometric means barely
+  # move, so the two levels give different updates.
+  # (Policy-gradient terms only: KL and entropy are the same in both.)
+  noisy = dict(batch, old_logps=logps + 0.1 * (-1.0) ** jnp.arange(5))
+  pg = dataclasses.replace(hp, beta=0.0, entropy_coeff=0.0)
+  seq, _ = grpo.compute_grads(model, noisy, pg)
+  token, _ = grpo.compute_grads(
+      model, noisy, dataclasses.replace(pg, importance_sampling_level='token'))
+  diff = max(float(jnp.abs(a - b).max()) for a, b in
+             zip(jax.tree.leaves(token), jax.tree.leaves(seq)))
+  scale = max(float(jnp.abs(a).max()) for a in jax.tree.leaves(seq))
+  assert diff > 0.05 * scale
+
+
+def test_maxent_update_uses_the_target_advantages(abstract_lora_model):
+  model = _lora_model(abstract_lora_model)
+  batch = _batch(num_rows=4)
+  rng = np.random.default_rng(3)
+  batch['rewards'] = jnp.asarray(rng.normal(size=4), jnp.float32)
+  hp = grpo.StepHParams(
+      beta=0.0, epsilon=0.2, chunk_size=3, micro_batch_size=2,
+      num_generations=2, maxent_tau=0.5, maxent_q_temperature=0.7,
+      maxent_q_epsilon=0.1)
+  assert hp.needs_reference
+  got, metrics = grpo.compute_grads(model, batch, hp)
+  mask = np.asarray(batch['completion_mask'])
+  scores = (np.asarray(batch['ref_logps']) * mask).sum(-1) / mask.sum(-1)
+  r = np.asarray(batch['rewards']).reshape(2, 2)
+  q = np.exp(r / 0.7) / np.exp(r / 0.7).sum(-1, keepdims=True)
+  q = 0.9 * q + 0.05
+  logits = scores.reshape(2, 2) + np.log(q) / 0.5
+  w = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+  plain = dict(batch, advantages=jnp.asarray(2 * w.reshape(-1) - 1,
+                                             jnp.float32))
+  del plain['rewards']
+  want, _ = grpo.compute_grads(
+      model, plain, dataclasses.replace(hp, maxent_tau=0.0))
+  _assert_same_grads(got, want)
+  want_entropy = -(w * np.log(w)).sum() / 2
+  np.testing.assert_allclose(metrics['maxent/target_entropy'], want_entropy,
+                             rtol=1e-5)
+  with pytest.raises(ValueError, match='rewards'):
+    without = dict(batch)
+    del without['rewards']
+    grpo.compute_grads(model, without, hp)

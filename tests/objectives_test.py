@@ -137,3 +137,165 @@ def test_tis_weights_match_numpy():
   grad = jax.grad(lambda t: objectives.tis_weights(t, sampler, cap).sum())(
       jnp.asarray(trainer))
   np.testing.assert_array_equal(grad, np.zeros_like(trainer))
+
+
+# ------------------------------------------------------------------ GSPO
+
+
+def _numpy_gspo(logps, old, adv, mask, eps_low, eps_high):
+  length = np.maximum(mask.sum(-1), 1)
+  ratio = np.exp(((logps - old) * mask).sum(-1) / length)
+  loss = -np.minimum(ratio * adv,
+                     np.clip(ratio, 1 - eps_low, 1 + eps_high) * adv)
+  clipped = ((ratio < 1 - eps_low) & (adv < 0)) | (
+      (ratio > 1 + eps_high) & (adv > 0))
+  return ratio, loss, clipped
+
+
+def test_sequence_clipped_surrogate_matches_numpy():
+  rng = np.random.default_rng(5)
+  logps = rng.normal(-2.0, 0.5, size=(6, 5)).astype(np.float32)
+  old = (logps + rng.normal(0, 0.3, size=(6, 5))).astype(np.float32)
+  adv = np.array([1.0, -1.0, 0.5, -2.0, 1.5, -0.3], np.float32)
+  mask = np.ones((6, 5), np.float32)
+  mask[1, 3:] = 0
+  mask[4, 1:] = 0
+  ratio, want, want_clipped = _numpy_gspo(logps, old, adv, mask, 0.05, 0.08)
+  loss, clipped = objectives.sequence_clipped_surrogate(
+      jnp.asarray(logps), jnp.asarray(old), jnp.asarray(adv),
+      jnp.asarray(mask), 0.05, 0.08)
+  # One value per sequence, repeated over its columns.
+  np.testing.assert_allclose(loss, np.repeat(want[:, None], 5, 1), rtol=1e-5)
+  np.testing.assert_array_equal(clipped,
+                                np.repeat(want_clipped[:, None], 5, 1))
+  assert 0 < want_clipped.sum() < 6  # Both branches exercised.
+  # Gradient of sum_i l_i w.r.t. logp_it: -A_i s_i m_it / |y_i| where the
+  # unclipped term is active, 0 where the clipped one is.
+  grad = jax.grad(lambda lp: objectives.sequence_clipped_surrogate(
+      lp, jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask), 0.05,
+      0.08)[0][:, 0].sum())(jnp.asarray(logps))
+  want_grad = np.where(
+      want_clipped[:, None], 0.0,
+      -(adv * ratio / mask.sum(-1))[:, None] * mask)
+  np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-7)
+
+
+def test_sequence_and_token_ratios_agree_on_policy():
+  """At ratio 1 (old = current) both give -A on every token."""
+  logps = jnp.full((2, 3), -1.5)
+  adv = jnp.array([0.7, -0.4])
+  mask = jnp.ones((2, 3))
+  seq, _ = objectives.sequence_clipped_surrogate(logps, logps, adv, mask,
+                                                 0.2, 0.2)
+  tok, _ = objectives.clipped_surrogate(logps, logps, adv, 0.2, 0.2)
+  np.testing.assert_allclose(seq, tok)
+
+
+# ---------------------------------------------------------------- entropy
+
+
+def test_entropy_bonus_subtracts_c_times_h():
+  loss = np.array([[0.5, -1.0]], np.float32)
+  entropy = np.array([[2.0, 0.5]], np.float32)
+  got = objectives.entropy_bonus(jnp.asarray(loss), jnp.asarray(entropy), 0.1)
+  np.testing.assert_allclose(got, loss - 0.1 * entropy, rtol=1e-6)
+
+
+# ------------------------------------------------------------ adaptive KL
+
+
+@pytest.mark.parametrize('kl, want_error', [
+    (0.06, 0.2),     # far above target: clipped at +20%
+    (0.045, 0.125),  # above: proportional
+    (0.035, -0.125),  # below: proportional
+    (0.0, -0.2),
+])
+def test_adaptive_kl_coeff_follows_ziegler(kl, want_error):
+  target, horizon, n, coeff = 0.04, 1000.0, 64, 0.1
+  error = min(max(kl / target - 1, -0.2), 0.2)
+  assert error == pytest.approx(want_error)
+  got = objectives.adaptive_kl_coeff(coeff, kl, target, horizon, n)
+  assert got == pytest.approx(coeff * (1 + error * n / horizon), rel=1e-12)
+  assert isinstance(got, float)
+
+
+def test_adaptive_kl_coeff_holds_at_target():
+  assert objectives.adaptive_kl_coeff(0.3, 0.05, 0.05, 100.0, 16) == 0.3
+
+
+# ---------------------------------------------------------------- MaxEnt
+
+
+def _numpy_maxent_weights(rewards, scores, g, tau, q_temp, q_eps):
+  r = rewards.reshape(-1, g).astype(np.float64)
+  s = scores.reshape(-1, g).astype(np.float64)
+  q = np.exp(r / q_temp - (r / q_temp).max(-1, keepdims=True))
+  q = (1 - q_eps) * q / q.sum(-1, keepdims=True) + q_eps / g
+  logits = s + np.log(q) / tau
+  w = np.exp(logits - logits.max(-1, keepdims=True))
+  return (w / w.sum(-1, keepdims=True)).reshape(-1)
+
+
+def test_maxent_target_weights_match_numpy_and_maximise_the_program():
+  rng = np.random.default_rng(7)
+  g, tau, q_temp, q_eps = 4, 0.5, 0.7, 0.1
+  rewards = rng.normal(size=8).astype(np.float32)
+  scores = rng.normal(-1.0, 0.3, size=8).astype(np.float32)
+  got = np.asarray(objectives.maxent_target_weights(
+      jnp.asarray(rewards), jnp.asarray(scores), g, tau, q_temp, q_eps))
+  want = _numpy_maxent_weights(rewards, scores, g, tau, q_temp, q_eps)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(got.reshape(-1, g).sum(-1), 1.0, rtol=1e-6)
+
+  # w maximises sum_i p_i log q_i - tau KL(p || softmax(l)) over the
+  # simplex: no random distribution does better.
+  r = rewards.reshape(-1, g)[0].astype(np.float64)
+  q = np.exp(r / q_temp) / np.exp(r / q_temp).sum()
+  q = (1 - q_eps) * q + q_eps / g
+  ref = np.exp(scores[:g]) / np.exp(scores[:g]).sum()
+
+  def program(p):
+    return (p * np.log(q)).sum() - tau * (p * np.log(p / ref)).sum()
+
+  best = program(got[:g].astype(np.float64))
+  for p in rng.dirichlet(np.ones(g), size=200):
+    assert program(p) <= best + 1e-9
+
+
+def test_maxent_tau_limits():
+  rewards = jnp.array([0.0, 1.0, 3.0, 2.0])
+  scores = jnp.array([-0.5, -2.0, -1.0, -0.2])
+  # Large tau: the reference's preferences within the group.
+  wide = objectives.maxent_target_weights(rewards, scores, 4, 1e6, 1.0, 0.0)
+  np.testing.assert_allclose(wide, jax.nn.softmax(scores), rtol=1e-4)
+  # Small tau: all weight on the best reward.
+  sharp = objectives.maxent_target_weights(rewards, scores, 4, 1e-3, 0.1,
+                                           0.0)
+  np.testing.assert_allclose(sharp, [0, 0, 1, 0], atol=1e-6)
+
+
+@pytest.mark.parametrize('normalize', [True, False])
+def test_maxent_advantages(normalize):
+  rng = np.random.default_rng(11)
+  g = 3
+  rewards = rng.normal(size=6).astype(np.float32)
+  ref = rng.normal(-2.0, 0.5, size=(6, 4)).astype(np.float32)
+  mask = np.ones((6, 4), np.float32)
+  mask[0, 2:] = 0
+  mask[4, 1:] = 0
+  scores = (ref * mask).sum(-1)
+  if normalize:
+    scores = scores / mask.sum(-1)
+  want = g * _numpy_maxent_weights(rewards, scores, g, 0.8, 1.0, 0.05) - 1
+
+  def adv(r):
+    return objectives.maxent_advantages(
+        jnp.asarray(r), jnp.asarray(ref), jnp.asarray(mask), g, 0.8, 1.0,
+        0.05, normalize)
+
+  got = np.asarray(adv(rewards))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # Mean 0 in each group, and a target, not a term to optimise.
+  np.testing.assert_allclose(got.reshape(-1, g).mean(-1), 0.0, atol=1e-6)
+  grad = jax.grad(lambda r: adv(r).sum())(jnp.asarray(rewards))
+  np.testing.assert_array_equal(grad, np.zeros(6))

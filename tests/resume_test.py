@@ -10,7 +10,9 @@ checkpointing every step:
      the same command falls back to checkpoint 3, sets the damaged step
      aside, repeats step 4 and saves it; evaluate then reads step 4.
 
-Every metric except wall-clock timings must equal A's exactly. A and B run
+Every metric except wall-clock timings must equal A's exactly (the runs
+use the adaptive KL controller, whose coefficient `kl_coeff` changes every
+step and lives in the checkpoint). A and B run
 side by side, then B's resume and C; each pair shares a JAX compilation
 cache directory with its predecessor, so later runs skip most compiling.
 The rewards include `reward_fixtures:text_length` so the policy really
@@ -58,6 +60,10 @@ def _command(workdir):
       '--config.checkpoint.async_save=false',
       '--config.rewards.functions='
       'format_approx=1,answer=1,reward_fixtures:text_length=1',
+      # The adaptive KL coefficient changes every step and is checkpointed:
+      # a resume must continue its sequence, not restart it.
+      '--config.grpo.kl_target=0.001',
+      '--config.grpo.kl_horizon=64',
   ]
 
 

@@ -220,3 +220,40 @@ def test_schedule_spans_every_update_with_several_iterations(tmp_path):
     expected = 0.5 * peak * (1 + math.cos(math.pi * (2 * step - 1) / 8))
     assert events['learning_rate'][step][0] == pytest.approx(
         expected, rel=1e-5), step
+
+
+def test_objective_menu_trains_and_logs(tmp_path):
+  # GSPO, the entropy bonus, adaptive KL and MaxEnt-GRPO at once: two
+  # steps train, each logs its metric, and the KL coefficient follows the
+  # controller from the logged KL.
+  config = _config(**{
+      'training.num_steps': 2,
+      'grpo.importance_sampling_level': 'sequence',
+      'grpo.epsilon': 3e-4,
+      'grpo.epsilon_high': 4e-4,
+      'grpo.loss_agg_mode': 'sequence-mean-token-mean',
+      'grpo.entropy_coeff': 0.01,
+      'grpo.kl_target': 0.01,
+      'grpo.init_kl_coeff': 0.2,
+      'grpo.kl_horizon': 32.0,
+      'grpo.maxent_tau': 0.5,
+      'eval.pass_at_k': 0,
+  })
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert result['step'] == 2
+  events = read_events(tmp_path)
+  for tag in ('kl_coeff', 'maxent/target_entropy', 'entropy', 'kl'):
+    assert set(events[tag]) == {1, 2}, tag
+    for step in (1, 2):
+      assert math.isfinite(float(events[tag][step][0])), (tag, step)
+  coeffs = [float(events['kl_coeff'][s][0]) for s in (1, 2)]
+  assert coeffs[0] == pytest.approx(0.2)
+  n = config.training.batch_size * config.grpo.num_generations
+  kl = float(events['kl'][1][0])
+  error = min(max(kl / 0.01 - 1, -0.2), 0.2)
+  assert coeffs[1] == pytest.approx(0.2 * (1 + error * n / 32.0), rel=1e-6)
+  assert coeffs[1] != coeffs[0]
+  # The G target weights of a group have entropy at most log G.
+  for step in (1, 2):
+    assert 0 < float(events['maxent/target_entropy'][step][0]) <= math.log(
+        config.grpo.num_generations) + 1e-6
