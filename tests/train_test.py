@@ -242,7 +242,7 @@ def test_dynamic_sampling_and_overlong_penalty_train_and_log(tmp_path):
   b = config.training.batch_size
   extra = masked_total = 0
   for step in (1, 2):
-    value = lambda tag, s=step: float(events[tag][s][0])  # pylint: disable=cell-var-from-loop
+    value = lambda tag, s=step: float(events[tag][s][0])
     rounds = value('dynamic_sampling/rounds')
     assert rounds in (1, 2, 3)
     assert value('dynamic_sampling/extra_prompts') == (rounds - 1) * b
