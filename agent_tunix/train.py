@@ -23,7 +23,10 @@ processes' rows. Gathering the prompts and the sampled token ids costs a
 host all-gather of a few integers per row; in exchange the sampled batch,
 and so the run, does not depend on the number of processes. Only process 0
 writes metric files and logs sample texts; checkpoints are written by all
-processes together (Orbax).
+processes together (Orbax). With grpo.dynamic_sampling every process keeps
+every sampled row and gathers every process's rewards, so all take the same
+decision to draw more prompts and assemble their share of the chosen groups
+(`rollout_dynamic`, dynamic_sampling.py).
 """
 
 import dataclasses
