@@ -138,6 +138,22 @@ def validate(config, num_devices=None, process_count=1, workdir=None):
       f'config.grpo.tis_cap={g.tis_cap} must be >= 0 (0 = off).',
   )
   _require(
+      g.max_sampling_rounds >= 1,
+      f'config.grpo.max_sampling_rounds={g.max_sampling_rounds} must be >= 1 '
+      '(1 = sample one batch per step).',
+  )
+  r = config.rewards
+  _require(
+      0 <= r.overlong_buffer <= gen.max_generation_steps,
+      f'config.rewards.overlong_buffer={r.overlong_buffer} must be between 0 '
+      '(off) and config.generation.max_generation_steps='
+      f'{gen.max_generation_steps}.',
+  )
+  _require(
+      r.overlong_penalty >= 0,
+      f'config.rewards.overlong_penalty={r.overlong_penalty} must be >= 0.',
+  )
+  _require(
       g.logps_chunk_size >= 1,
       f'config.grpo.logps_chunk_size={g.logps_chunk_size} must be >= 1.',
   )

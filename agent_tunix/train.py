@@ -6,7 +6,8 @@ num_iterations jitted LoRA updates -> metrics, checkpoint, evaluation. The
 math lives in grpo.py; this module only wires the pieces and keeps the books.
 
 Reproducibility: the sampling seed of step s is derived from
-(training.seed, s) and everything else that changes between steps (LoRA
+(training.seed, s) (and the round, for dynamic sampling's extra batches:
+dynamic_sampling.py) and everything else that changes between steps (LoRA
 params, optimizer state, data iterator) is checkpointed, so a run resumed
 from step k repeats the uninterrupted run step for step.
 
@@ -22,7 +23,10 @@ processes' rows. Gathering the prompts and the sampled token ids costs a
 host all-gather of a few integers per row; in exchange the sampled batch,
 and so the run, does not depend on the number of processes. Only process 0
 writes metric files and logs sample texts; checkpoints are written by all
-processes together (Orbax).
+processes together (Orbax). With grpo.dynamic_sampling every process keeps
+every sampled row and gathers every process's rewards, so all take the same
+decision to draw more prompts and assemble their share of the chosen groups
+(`rollout_dynamic`, dynamic_sampling.py).
 """
 
 import dataclasses
@@ -36,6 +40,7 @@ import numpy as np
 from agent_tunix import checkpoint
 from agent_tunix import config_lib
 from agent_tunix import divergence
+from agent_tunix import dynamic_sampling
 from agent_tunix import evaluation
 from agent_tunix import grpo
 from agent_tunix import metrics as metrics_lib
@@ -73,9 +78,14 @@ class Session:
   kl_coeff: float = 0.0
 
 
-def step_seed(base_seed, step):
-  """Sampling seed of a step: independent of restarts."""
-  return int(np.random.SeedSequence([base_seed, step]).generate_state(1)[0])
+def step_seed(base_seed, step, sampling_round=0):
+  """Sampling seed of a step (and round): independent of restarts.
+
+  Round 0 is the step's first batch; dynamic sampling's further batches of
+  the step are rounds 1, 2, ...
+  """
+  entropy = [base_seed, step] + ([sampling_round] if sampling_round else [])
+  return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
 def setup(config, workdir, with_data=True):
@@ -106,7 +116,8 @@ def setup(config, workdir, with_data=True):
       model=model,
       tokenizer=tokenizer,
       sampler=sampler,
-      reward_set=rewards.RewardSet.from_config(config.rewards),
+      reward_set=rewards.RewardSet.from_config(
+          config.rewards, config.generation.max_generation_steps),
       optimizer=optimizer,
       schedule=schedule,
       hp=grpo.hparams_from_config(config),
@@ -145,14 +156,7 @@ def rollout_batch(session, batch, step):
       num_generations=g,
   )
   prompts = list(rows['prompt'])
-  total, per_fn = session.reward_set(
-      prompts, out.texts, answer=list(rows['answer']),
-      question=list(rows['question']),
-      completion_lengths=out.lengths.tolist(),
-      completion_tokens=[
-          row[:n].tolist() for row, n in zip(out.tokens, out.lengths)
-      ],
-  )
+  total, per_fn = _score(session, rows, out)
   advantages = np.asarray(
       objectives.group_advantages(total, g, config.grpo.scale_rewards)
   )
@@ -176,14 +180,30 @@ def rollout_batch(session, batch, step):
   return update, scalars, samples, gen_tokens
 
 
+def _score(session, rows, out):
+  """(total, per_fn) rewards of completions `out` of prompt rows `rows`."""
+  return session.reward_set(
+      list(rows['prompt']), out.texts, answer=list(rows['answer']),
+      question=list(rows['question']),
+      completion_lengths=out.lengths.tolist(),
+      completion_tokens=[
+          row[:n].tolist() for row, n in zip(out.tokens, out.lengths)
+      ],
+  )
+
+
 def _rollout_scalars(total, per_fn, lengths, truncated, g):
   """Reward and length statistics over every process's rows."""
-  rows = sharding.allgather_concat({
+  return _scalars_of_rows(sharding.allgather_concat({
       'total': np.asarray(total, np.float32),
       'per_fn': {k: np.asarray(v, np.float32) for k, v in per_fn.items()},
       'lengths': np.asarray(lengths),
       'truncated': np.asarray(truncated, np.float32),
-  })
+  }), g)
+
+
+def _scalars_of_rows(rows, g):
+  """(Reward and length scalars, completion tokens) of gathered rows."""
   total = rows['total']
   grouped = total.reshape(-1, g)
   scalars = {
@@ -198,6 +218,92 @@ def _rollout_scalars(total, per_fn, lengths, truncated, g):
         values.mean()
     )
   return scalars, int(rows['lengths'].sum())
+
+
+def _take(out, rows):
+  """The completions of `rows` (indices) of `out`."""
+  return rollout.Completions(
+      out.tokens[rows], out.mask[rows], out.lengths[rows],
+      out.truncated[rows], [out.texts[i] for i in rows],
+      None if out.logps is None else out.logps[rows])
+
+
+def sample_round(session, batch, step, sampling_round):
+  """Samples and scores one batch of prompts for dynamic sampling.
+
+  Unlike `rollout_batch` it keeps every process's sampled rows (the sampler
+  gathers them anyway) and gathers every process's rewards, so that any
+  sampled group can go to any process's part of the update batch.
+
+  Args:
+    session: the run's `Session`.
+    batch: this process's batch of prompts (pipeline layout).
+    step: the step number.
+    sampling_round: 0 for the step's first batch, then 1, 2, ...
+
+  Returns:
+    `dynamic_sampling.Round`.
+  """
+  config = session.config
+  g = config.grpo.num_generations
+  gen = config.generation
+  prompt_tokens = sharding.gather_rows(batch['prompt_tokens'])
+  prompt_mask = sharding.gather_rows(batch['prompt_mask'])
+  out = session.sampler.generate(
+      prompt_tokens, gen.max_generation_steps,
+      step_seed(config.training.seed, step, sampling_round),
+      gen.temperature, gen.top_k, gen.top_p, rows=None, num_generations=g,
+  )
+  own = _take(out, sharding.own_rows(len(prompt_tokens), g))
+  rows = rollout.repeat_groups(batch, g)
+  total, per_fn = _score(session, rows, own)
+  names = list(per_fn)
+  local = np.stack([total] + [per_fn[k] for k in names], axis=-1)
+  every = sharding.gather_rows(
+      local.astype(np.float32).reshape(len(batch['prompt_tokens']), g, -1))
+  return dynamic_sampling.Round(
+      prompt_tokens=prompt_tokens,
+      prompt_mask=prompt_mask,
+      completions=out,
+      group_rewards=every[..., 0],
+      per_fn={k: every[..., i + 1].reshape(-1) for i, k in enumerate(names)},
+      samples=(list(rows['prompt']), own.texts, total),
+  )
+
+
+def rollout_dynamic(session, batch, step):
+  """`rollout_batch` with dynamic sampling (dynamic_sampling.py).
+
+  Draws further batches from `session.train_iter` while too few groups
+  have a reward spread. The scalars cover every completion sampled in the
+  step (all rounds), plus the dynamic_sampling/ counts.
+  """
+  config = session.config
+  g = config.grpo.num_generations
+  batch_size = config.training.batch_size
+  rounds, selection = dynamic_sampling.collect(
+      batch, lambda: next(session.train_iter),
+      lambda b, r: sample_round(session, b, step, r), batch_size,
+      config.grpo.max_sampling_rounds)
+  update = dynamic_sampling.assemble(
+      rounds, selection,
+      dynamic_sampling.own_places(batch_size, jax.process_index(),
+                                  jax.process_count()),
+      g, config.grpo.scale_rewards)
+  if config.grpo.maxent_tau <= 0:
+    del update['rewards']  # Read only by MaxEnt-GRPO.
+  scalars, gen_tokens = _scalars_of_rows({
+      'total': np.concatenate([r.group_rewards.reshape(-1) for r in rounds]),
+      'per_fn': {k: np.concatenate([r.per_fn[k] for r in rounds])
+                 for k in rounds[0].per_fn},
+      'lengths': np.concatenate([r.completions.lengths for r in rounds]),
+      'truncated': np.concatenate(
+          [r.completions.truncated for r in rounds]).astype(np.float32),
+  }, g)
+  scalars.update(dynamic_sampling.step_scalars(selection, batch_size))
+  samples = tuple(
+      [x for r in rounds for x in r.samples[i]] for i in range(3))
+  return update, scalars, samples, gen_tokens
 
 
 def update_policy(session, update):
@@ -342,9 +448,9 @@ def run(session):
         step -= 1
         break
       t0 = time.perf_counter()
-      update, scalars, samples, gen_tokens = rollout_batch(
-          session, batch, step
-      )
+      rollout_fn = (rollout_dynamic if config.grpo.dynamic_sampling
+                    else rollout_batch)
+      update, scalars, samples, gen_tokens = rollout_fn(session, batch, step)
       t1 = time.perf_counter()
       keeper.updating()
       scalars.update(update_policy(session, update))

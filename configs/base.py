@@ -115,6 +115,13 @@ def get_config(arg=None):
   config.rewards.length_penalty = 0.0
   # Completion length, in tokens, after which the length penalty applies.
   config.rewards.length_penalty_target = 256
+  # DAPO's soft overlong punishment: tokens before
+  # generation.max_generation_steps (L_max) over which a penalty falls
+  # linearly from 0 to -overlong_penalty: ((L_max - buffer) - L) / buffer *
+  # overlong_penalty for a completion of L > L_max - buffer tokens (0 = off).
+  config.rewards.overlong_buffer = 0
+  # The overlong penalty at the length limit (DAPO's factor; >= 0).
+  config.rewards.overlong_penalty = 1.0
 
   # ----------------------------------------------------------------- grpo
   config.grpo = ml_collections.ConfigDict()
@@ -177,6 +184,15 @@ def get_config(arg=None):
   # completion fits in the model's sliding window (otherwise every row runs
   # in full). The rollout always prefills each prompt once (exact).
   config.grpo.share_prompts = True
+  # Dynamic sampling (DAPO): drop groups whose G rewards are all equal (no
+  # advantage, no gradient) and sample further batches of prompts until
+  # training.batch_size groups with a reward spread are found or
+  # max_sampling_rounds batches were sampled; the rest of the update batch
+  # is then groups without spread, masked out of the loss.
+  config.grpo.dynamic_sampling = False
+  # With dynamic_sampling: most batches of prompts sampled per step, the
+  # first included (1 = never draw more).
+  config.grpo.max_sampling_rounds = 3
 
   # ----------------------------------------------------------- generation
   config.generation = ml_collections.ConfigDict()

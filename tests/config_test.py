@@ -239,6 +239,14 @@ _INVALID = [
      "'/no/such/train.parquet'"),
     ('local_source_without_path', _set(data__source='jsonl'), 1, 'data.path',
      'set it'),
+    ('zero_sampling_rounds', _set(grpo__max_sampling_rounds=0), 1,
+     'grpo.max_sampling_rounds', '>= 1'),
+    ('overlong_buffer_beyond_limit', _set(rewards__overlong_buffer=9), 1,
+     'rewards.overlong_buffer', 'max_generation_steps=8'),
+    ('negative_overlong_buffer', _set(rewards__overlong_buffer=-1), 1,
+     'rewards.overlong_buffer', 'between 0'),
+    ('negative_overlong_penalty', _set(rewards__overlong_penalty=-0.5), 1,
+     'rewards.overlong_penalty', '>= 0'),
 ]
 
 

@@ -9,8 +9,14 @@ every batch; the sampled completions, rewards, losses and updates must be
 those of the single process (within float tolerance: sums over devices of
 different processes may round differently).
 
-The rewards include `reward_fixtures:text_length`, so advantages are not all
-zero, and beta > 0, so the second step's loss (its KL term) is not zero.
+The rewards include `reward_fixtures:text_length_some_answers`, so
+advantages are not all zero, and beta > 0, so the second step's loss (its KL
+term) is not zero. That reward gives about half of the questions no spread,
+and the runs use dynamic sampling: each step draws further batches (the
+same number on every process, decided from every process's rewards), and
+the groups chosen from all of them are split over the processes as one
+process would order them; the checks below then also cover that the two
+processes took the same decisions as the single one.
 
 All three processes start together and are killed if any fails or the
 deadline passes.
@@ -43,7 +49,10 @@ _OVERRIDES = (
     '--config.training.micro_batch_size=2',
     '--config.grpo.beta=0.04',
     '--config.eval.pass_at_k=0',
-    '--config.rewards.functions=format_approx=1,reward_fixtures:text_length=1',
+    '--config.rewards.functions='
+    'format_approx=1,reward_fixtures:text_length_some_answers=1',
+    '--config.grpo.dynamic_sampling=true',
+    '--config.grpo.max_sampling_rounds=3',
 )
 
 
@@ -143,6 +152,8 @@ def test_two_processes_train_like_one(runs):
   assert one['reward/std'][1] > 0
   assert one['loss'][_NUM_STEPS] != 0
   assert one['kl'][_NUM_STEPS] > 0
+  # Dynamic sampling drew further prompts (compared above like every tag).
+  assert sum(one['dynamic_sampling/extra_prompts'].values()) > 0
 
 
 def test_only_process_zero_writes_metrics_and_samples(runs):

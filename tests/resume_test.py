@@ -15,9 +15,18 @@ use the adaptive KL controller, whose coefficient `kl_coeff` changes every
 step and lives in the checkpoint). A and B run
 side by side, then B's resume and C; each pair shares a JAX compilation
 cache directory with its predecessor, so later runs skip most compiling.
-The rewards include `reward_fixtures:text_length` so the policy really
-trains (with the default rewards a random model scores the same on every
-completion and nothing would change between steps).
+The rewards include `reward_fixtures:text_length_some_answers` so the
+policy really trains (with the default rewards a random model scores the
+same on every completion and nothing would change between steps).
+
+The runs use dynamic sampling (grpo.dynamic_sampling): that fixture gives
+about half of the questions no reward spread, so steps on both sides of the
+kill draw further batches from the data iterator (and some reach
+grpo.max_sampling_rounds and mask groups). The resumed run repeats them only
+if the checkpointed iterator position covers the extra draws and the extra
+rounds' seeds depend only on (seed, step, round). Everything else a step
+does is the same code with or without dynamic sampling (the update, the
+checkpoint, the first round's sampling seed).
 """
 
 import os
@@ -59,7 +68,9 @@ def _command(workdir):
       '--config.checkpoint.save_interval_steps=1',
       '--config.checkpoint.async_save=false',
       '--config.rewards.functions='
-      'format_approx=1,answer=1,reward_fixtures:text_length=1',
+      'format_approx=1,answer=1,reward_fixtures:text_length_some_answers=1',
+      '--config.grpo.dynamic_sampling=true',
+      '--config.grpo.max_sampling_rounds=3',
       # The adaptive KL coefficient changes every step and is checkpointed:
       # a resume must continue its sequence, not restart it.
       '--config.grpo.kl_target=0.001',
@@ -257,6 +268,14 @@ def test_resumed_run_repeats_the_uninterrupted_run_exactly(runs):
   compared = _assert_same_scalars(a, b_resumed, after_kill, 'resumed B')
   assert {'eval/accuracy', 'eval/format_accuracy',
           'eval/pass_at_k'} <= compared  # The final evaluation.
+  assert {'dynamic_sampling/extra_prompts',
+          'dynamic_sampling/dropped_groups'} <= compared
+  # Extra batches were drawn before the kill point and after it, so the
+  # resumed run depends on the restored iterator covering them.
+  extra = {s: a['dynamic_sampling/extra_prompts'][s][0].item()
+           for s in range(1, _NUM_STEPS + 1)}
+  assert any(extra[s] > 0 for s in range(1, resumed_from + 1)), extra
+  assert any(extra[s] > 0 for s in after_kill), extra
   # Before the kill, B was the same run as A.
   _assert_same_scalars(a, b, range(0, resumed_from + 1), 'killed B')
   for step in after_kill:

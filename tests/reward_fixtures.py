@@ -19,6 +19,17 @@ def text_length(prompts, completions, **unused):
   return [len(c) / 10 for c in completions]
 
 
+def text_length_some_answers(prompts, completions, answer, **unused):
+  """text_length for questions whose answer is a multiple of 4, else 0.
+
+  The other questions' groups get no reward spread (about half of the
+  synthetic ones): dynamic sampling drops them and draws further prompts.
+  """
+  del prompts, unused
+  return [len(c) / 10 if int(float(a)) % 4 == 0 else 0.0
+          for c, a in zip(completions, answer)]
+
+
 def nan_reward(prompts, completions, **unused):
   """NaN for every completion: must stop training."""
   del prompts, unused

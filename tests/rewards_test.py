@@ -243,6 +243,43 @@ def test_length_penalty_rejects_wrong_number_of_lengths():
         ['p'] * 3, ['c'] * 3, completion_lengths=[1, 2], coef=1.0, target=0)
 
 
+def _overlong_reference(lengths, max_length, buffer, factor):
+  """DAPO's R_length (Yu et al. 2025, eq. 13), piecewise, times factor."""
+  lengths = np.asarray(lengths, np.float64)
+  start = max_length - buffer
+  inside = (start - lengths) / buffer * factor
+  return np.where(lengths <= start, 0.0,
+                  np.where(lengths <= max_length, inside, -factor))
+
+
+@pytest.mark.parametrize('max_length, buffer, factor', [
+    (8, 4, 1.0), (256, 64, 0.5), (10, 10, 2.0), (5, 1, 1.0), (300, 37, 0.3),
+])
+def test_overlong_penalty_matches_numpy(max_length, buffer, factor):
+  lengths = np.arange(0, max_length + 3)
+  scores = format_rewards.overlong_penalty(
+      [''] * len(lengths), [''] * len(lengths), completion_lengths=lengths,
+      max_length=max_length, buffer=buffer, factor=factor, answer=[''])
+  np.testing.assert_allclose(
+      scores, _overlong_reference(lengths, max_length, buffer, factor),
+      rtol=1e-12, atol=1e-12)
+  # 0 up to the start of the buffer, -factor at the limit and beyond.
+  assert scores[max_length - buffer] == 0.0
+  assert scores[max_length] == pytest.approx(-factor)
+  assert np.all(np.diff(scores) <= 0)
+
+
+def test_overlong_penalty_errors():
+  with pytest.raises(ValueError, match='2 values for 3 completions'):
+    format_rewards.overlong_penalty(
+        ['p'] * 3, ['c'] * 3, completion_lengths=[1, 2], max_length=8,
+        buffer=2, factor=1.0)
+  with pytest.raises(ValueError, match='buffer=9 must be between 1 and'):
+    format_rewards.overlong_penalty(
+        ['p'], ['c'], completion_lengths=[1], max_length=8, buffer=9,
+        factor=1.0)
+
+
 # ------------------------------------------------------------- number parsing
 
 
@@ -348,6 +385,7 @@ def test_parse_spec(spec, expected):
         ('=1', "entry '=1' has no name"),
         ('answer=1,numbers=1,answer=2', "'answer' is listed twice"),
         ('length_penalty=1', 'set rewards.length_penalty'),
+        ('overlong_penalty=1', 'set rewards.overlong_buffer'),
         ('mod:=1', 'not of the form "package.module:function"'),
         (':fn=1', 'not of the form'),
         ('my mod:fn=1', 'not of the form'),
@@ -455,6 +493,8 @@ def test_register(monkeypatch):
     rewards.register('always_one')(lambda p, c, **k: [])
   with pytest.raises(ValueError, match='reserved'):
     rewards.register('length_penalty')
+  with pytest.raises(ValueError, match='reserved for rewards.overlong_buffer'):
+    rewards.register('overlong_penalty')
   with pytest.raises(ValueError, match='not a Python identifier'):
     rewards.register('a:b')
 
@@ -589,7 +629,8 @@ def test_default_reward_pays_for_being_right_first():
 
 def test_reward_set_length_penalty():
   config = ml_collections.ConfigDict(dict(
-      functions='answer=1', length_penalty=0.5, length_penalty_target=10))
+      functions='answer=1', length_penalty=0.5, length_penalty_target=10,
+      overlong_buffer=0, overlong_penalty=1.0))
   reward_set = rewards.RewardSet.from_config(config)
   assert reward_set.names == ['answer', 'length_penalty']
   total, per_fn = reward_set(['p'] * 2, [GOOD, GOOD], answer=['72', '72'],
@@ -600,9 +641,38 @@ def test_reward_set_length_penalty():
     reward_set(['p'], [GOOD], answer=['72'])
 
 
+def test_reward_set_overlong_penalty():
+  config = ml_collections.ConfigDict(dict(
+      functions='answer=1', length_penalty=0.5, length_penalty_target=10,
+      overlong_buffer=4, overlong_penalty=2.0))
+  reward_set = rewards.RewardSet.from_config(config, max_completion_length=16)
+  assert reward_set.names == ['answer', 'length_penalty', 'overlong_penalty']
+  lengths = np.array([10, 12, 14, 16])
+  total, per_fn = reward_set(['p'] * 4, [GOOD] * 4, answer=['72'] * 4,
+                             completion_lengths=lengths)
+  overlong = _overlong_reference(lengths, 16, 4, 2.0)
+  np.testing.assert_allclose(per_fn['overlong_penalty'], overlong)
+  np.testing.assert_array_equal(overlong, [0.0, 0.0, -1.0, -2.0])
+  np.testing.assert_allclose(
+      total, 3.0 - 0.5 * np.maximum(lengths - 10, 0) + overlong)
+  # Off by default.
+  config.overlong_buffer = 0
+  assert 'overlong_penalty' not in rewards.RewardSet.from_config(config).names
+
+
 @pytest.mark.parametrize(
     'kwargs, message',
     [
+        (dict(functions='answer=1', overlong_buffer=-1),
+         'overlong_buffer=-1 must be >= 0'),
+        (dict(functions='answer=1', overlong_buffer=4),
+         'needs the completion length limit'),
+        (dict(functions='answer=1', overlong_buffer=9,
+              max_completion_length=8),
+         'overlong_buffer=9 is longer than the completion limit'),
+        (dict(functions='answer=1', overlong_buffer=4, overlong_penalty=-1.0,
+              max_completion_length=8),
+         'overlong_penalty=-1.0 must be a finite number >= 0'),
         (dict(functions='answer=1', length_penalty=-0.1),
          'length_penalty=-0.1 must be a finite number >= 0'),
         (dict(functions='answer=1', length_penalty_target=-1),

@@ -11,6 +11,7 @@ import os
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import collections  # pylint: disable=g-import-not-at-top
+import json
 import math
 import pathlib
 
@@ -237,6 +238,8 @@ def test_objective_menu_trains_and_logs(tmp_path):
       'grpo.init_kl_coeff': 0.2,
       'grpo.kl_horizon': 32.0,
       'grpo.maxent_tau': 0.5,
+      # MaxEnt reads the rewards of the batch dynamic sampling assembles.
+      'grpo.dynamic_sampling': True,
       'eval.pass_at_k': 0,
   })
   result = train.train_and_evaluate(config, str(tmp_path))
@@ -257,3 +260,53 @@ def test_objective_menu_trains_and_logs(tmp_path):
   for step in (1, 2):
     assert 0 < float(events['maxent/target_entropy'][step][0]) <= math.log(
         config.grpo.num_generations) + 1e-6
+
+
+def test_dynamic_sampling_and_overlong_penalty_train_and_log(tmp_path):
+  # Half of the synthetic questions score no spread (reward_fixtures), so
+  # steps drop groups and draw more prompts; the tiny model's completions
+  # run into the 8-token limit, inside the 4-token overlong buffer.
+  config = _config(**{
+      'rewards.functions':
+          'format_approx=1,answer=1,reward_fixtures:text_length_some_answers=1',
+      'rewards.overlong_buffer': 4,
+      'rewards.overlong_penalty': 0.5,
+      'grpo.dynamic_sampling': True,
+      'grpo.max_sampling_rounds': 3,
+      'eval.pass_at_k': 0,
+  })
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert result['step'] == 2
+  events = read_events(tmp_path)
+  b = config.training.batch_size
+  extra = masked_total = 0
+  for step in (1, 2):
+    value = lambda tag, s=step: float(events[tag][s][0])
+    rounds = value('dynamic_sampling/rounds')
+    assert rounds in (1, 2, 3)
+    assert value('dynamic_sampling/extra_prompts') == (rounds - 1) * b
+    extra += value('dynamic_sampling/extra_prompts')
+    # Every sampled group is counted: zero-spread share x groups sampled.
+    assert value('dynamic_sampling/dropped_groups') == pytest.approx(
+        value('frac_reward_zero_std') * rounds * b)
+    masked = value('dynamic_sampling/masked_groups')
+    assert 0 <= masked < b  # Some group with spread in every step.
+    masked_total += masked
+    assert value('grad_norm') > 0
+    # The overlong penalty is a reward component, in the total.
+    overlong = value('reward/overlong_penalty/mean')
+    assert -0.5 <= overlong <= 0
+    if value('completion/mean_length') == 8:  # All at the limit: -factor.
+      assert overlong == -0.5
+    parts = sum(value(f'reward/{name}/mean') for name in (
+        'format_approx', 'answer', 'reward_fixtures_text_length_some_answers',
+        'overlong_penalty'))
+    assert value('reward/mean') == pytest.approx(parts, abs=1e-5)
+  assert extra > 0, 'no step drew further prompts; the test proves nothing'
+  # A step hit the cap: its update masked groups without spread.
+  assert masked_total > 0, 'no step reached max_sampling_rounds'
+  # The data iterator's saved position covers the extra draws.
+  position = json.loads(
+      (tmp_path / 'checkpoints' / '2' / 'data' / 'process_0-of-1.json')
+      .read_text())['next_index']
+  assert position == 2 + extra // b

@@ -43,6 +43,14 @@ RewardFn = Callable[..., Sequence[float]]
 # Name under which the length penalty is reported; set through
 # rewards.length_penalty, never listed in rewards.functions.
 LENGTH_PENALTY = 'length_penalty'
+# Name under which DAPO's overlong penalty is reported; set through
+# rewards.overlong_buffer and rewards.overlong_penalty.
+OVERLONG_PENALTY = 'overlong_penalty'
+# Names set by their own config fields, never listed in rewards.functions.
+_RESERVED = {
+    LENGTH_PENALTY: 'rewards.length_penalty',
+    OVERLONG_PENALTY: 'rewards.overlong_buffer',
+}
 
 # Longest piece of a completion quoted in an error message.
 _QUOTE_CHARS = 200
@@ -91,9 +99,9 @@ def register(name: str) -> Callable[[RewardFn], RewardFn]:
         f'Reward name {name!r} is not a Python identifier; use letters, '
         'digits and underscores, e.g. "my_reward".'
     )
-  if name == LENGTH_PENALTY:
+  if name in _RESERVED:
     raise ValueError(
-        f'Reward name {name!r} is reserved for rewards.length_penalty; pick '
+        f'Reward name {name!r} is reserved for {_RESERVED[name]}; pick '
         'another name.'
     )
 
@@ -134,6 +142,12 @@ def _check_name(name: str, entry: str) -> None:
         f'rewards.functions entry {entry!r}: the length penalty is not listed '
         'here; set rewards.length_penalty (per token) and '
         'rewards.length_penalty_target instead.'
+    )
+  if name == OVERLONG_PENALTY:
+    raise ValueError(
+        f'rewards.functions entry {entry!r}: the overlong penalty is not '
+        'listed here; set rewards.overlong_buffer (tokens) and '
+        'rewards.overlong_penalty instead.'
     )
   if ':' in name:
     module_name, _, attr = name.partition(':')
@@ -302,6 +316,9 @@ class RewardSet:
       functions: str | Sequence[tuple[str, float]],
       length_penalty: float = 0.0,
       length_penalty_target: int = 256,
+      overlong_buffer: int = 0,
+      overlong_penalty: float = 1.0,
+      max_completion_length: int | None = None,
   ):
     """Builds the set and imports any 'module:function' rewards.
 
@@ -310,10 +327,17 @@ class RewardSet:
       length_penalty: Penalty per completion token beyond
         `length_penalty_target`; 0 turns it off.
       length_penalty_target: Token count up to which there is no penalty.
+      overlong_buffer: Tokens before `max_completion_length` over which
+        DAPO's overlong penalty (`format.overlong_penalty`) falls linearly
+        from 0 to -`overlong_penalty`; 0 turns it off.
+      overlong_penalty: The overlong penalty at the length limit (>= 0).
+      max_completion_length: The completion length limit in tokens
+        (generation.max_generation_steps); needed when overlong_buffer > 0.
 
     Raises:
-      ValueError: for a bad spec, an unresolvable function or a negative
-        length penalty setting.
+      ValueError: for a bad spec, an unresolvable function, a negative
+        length penalty setting, or an overlong buffer that is negative or
+        longer than the limit (or given without the limit).
     """
     if isinstance(functions, str):
       pairs = parse_spec(functions)
@@ -332,6 +356,7 @@ class RewardSet:
           f'rewards.length_penalty_target={length_penalty_target!r} must be '
           '>= 0 tokens.'
       )
+    _check_overlong(overlong_buffer, overlong_penalty, max_completion_length)
     self._fns: dict[str, RewardFn] = {}
     self._weights: dict[str, float] = {}
     for name, weight in pairs:
@@ -345,23 +370,44 @@ class RewardSet:
           target=length_penalty_target,
       )
       self._weights[LENGTH_PENALTY] = 1.0
+    if overlong_buffer > 0:
+      self._fns[OVERLONG_PENALTY] = functools.partial(
+          format_lib.overlong_penalty,
+          max_length=int(max_completion_length),
+          buffer=int(overlong_buffer),
+          factor=float(overlong_penalty),
+      )
+      self._weights[OVERLONG_PENALTY] = 1.0
     logging.info(
         'Rewards: %s',
         ', '.join(f'{n} x {w:g}' for n, w in self._weights.items()),
     )
 
   @classmethod
-  def from_config(cls, rewards_config: Any) -> 'RewardSet':
-    """Builds the set from the config's rewards section (`config.rewards`)."""
+  def from_config(
+      cls, rewards_config: Any, max_completion_length: int | None = None
+  ) -> 'RewardSet':
+    """Builds the set from the config's rewards section (`config.rewards`).
+
+    Args:
+      rewards_config: `config.rewards`.
+      max_completion_length: the rollouts' completion limit in tokens
+        (`config.generation.max_generation_steps`); the overlong penalty
+        needs it.
+    """
     return cls(
         rewards_config.functions,
         length_penalty=rewards_config.length_penalty,
         length_penalty_target=rewards_config.length_penalty_target,
+        overlong_buffer=rewards_config.overlong_buffer,
+        overlong_penalty=rewards_config.overlong_penalty,
+        max_completion_length=max_completion_length,
     )
 
   @property
   def names(self) -> list[str]:
-    """Reward names in order, `length_penalty` last when it is on."""
+    """Reward names in order; `length_penalty`, then `overlong_penalty`,
+    last when they are on."""
     return list(self._fns)
 
   @property
@@ -411,6 +457,12 @@ class RewardSet:
           'rewards.length_penalty > 0 needs the completion_lengths field '
           '(token count per completion); pass it, or set '
           'rewards.length_penalty=0.'
+      )
+    if OVERLONG_PENALTY in self._fns and 'completion_lengths' not in fields:
+      raise ValueError(
+          'rewards.overlong_buffer > 0 needs the completion_lengths field '
+          '(token count per completion); pass it, or set '
+          'rewards.overlong_buffer=0.'
       )
     total = np.zeros([size], np.float32)
     per_fn = {}
@@ -473,6 +525,32 @@ class RewardSet:
           completion=completions[index],
       )
     return scores
+
+
+def _check_overlong(buffer, penalty, max_length):
+  """Raises ValueError for unusable overlong-penalty settings."""
+  if buffer < 0:
+    raise ValueError(
+        f'rewards.overlong_buffer={buffer!r} must be >= 0 tokens (0 turns '
+        'the overlong penalty off).'
+    )
+  if not std_math.isfinite(penalty) or penalty < 0:
+    raise ValueError(
+        f'rewards.overlong_penalty={penalty!r} must be a finite number >= 0.'
+    )
+  if buffer == 0:
+    return
+  if max_length is None:
+    raise ValueError(
+        f'rewards.overlong_buffer={buffer} needs the completion length limit '
+        '(max_completion_length, generation.max_generation_steps).'
+    )
+  if buffer > max_length:
+    raise ValueError(
+        f'rewards.overlong_buffer={buffer} is longer than the completion '
+        f'limit generation.max_generation_steps={max_length}; use a buffer '
+        f'of at most {max_length} tokens.'
+    )
 
 
 def _blame_completion(

@@ -156,3 +156,60 @@ def length_penalty(
       0.0 - float(coef) * max(0.0, float(length) - float(target))
       for length in completion_lengths
   ]
+
+
+def overlong_penalty(
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    completion_lengths: Sequence[int],
+    max_length: int,
+    buffer: int,
+    factor: float,
+    **unused: Any,
+) -> list[float]:
+  """DAPO's soft overlong punishment (Yu et al. 2025), length in tokens.
+
+  With L the completion's length, L_max = `max_length` and
+  b = `buffer`, the score is
+
+    0                                 if L <= L_max - b,
+    ((L_max - b) - L) / b * factor    if L_max - b < L <= L_max,
+    -factor                           if L > L_max,
+
+  so it falls linearly from 0 at the start of the buffer to -factor at the
+  limit.
+
+  Args:
+    prompts: The prompts (unused).
+    completions: The generated texts (only their number is used).
+    completion_lengths: Token count of each completion (end token included).
+    max_length: L_max, the completion length limit in tokens.
+    buffer: b, tokens before the limit over which the penalty grows; >= 1
+      and <= max_length.
+    factor: The penalty at the limit; not negative.
+    **unused: Other example fields (ignored).
+
+  Returns:
+    One penalty (zero or negative) per completion.
+
+  Raises:
+    ValueError: on a wrong number of lengths, or a buffer outside
+      [1, max_length].
+  """
+  del prompts, unused
+  if len(completion_lengths) != len(completions):
+    raise ValueError(
+        f'completion_lengths has {len(completion_lengths)} values for '
+        f'{len(completions)} completions; give one token count per completion.'
+    )
+  if not 1 <= buffer <= max_length:
+    raise ValueError(
+        f'overlong buffer={buffer} must be between 1 and the length limit '
+        f'{max_length} tokens.'
+    )
+  start = max_length - buffer
+  scores = []
+  for length in completion_lengths:
+    over = min(max(float(length) - start, 0.0), float(buffer))
+    scores.append(0.0 - over / buffer * float(factor))
+  return scores

@@ -1,0 +1,239 @@
+"""Dynamic sampling (DAPO, Yu et al. 2025): train on groups that differ.
+
+A group of G completions whose rewards are all equal has zero advantage:
+it adds nothing to the policy gradient, yet a token-mean loss still counts
+its tokens. With `grpo.dynamic_sampling` a step samples its batch of B
+prompts as usual (round 0). When fewer than B of its groups have a reward
+spread (max > min), it draws the next batch of B prompts from the data
+iterator and samples that too (round 1, with its own seed), and so on,
+until B groups with a spread are found, `grpo.max_sampling_rounds` batches
+were sampled, or the data ends.
+
+The update batch keeps its shape (B groups of G rows), so the compiled
+programs and the micro-batches are those of any other step. Its groups
+are the first B groups with a spread in sampling order (round, then stream
+position within the round); groups with a spread beyond the first B are
+not used. When the rounds found fewer than B, the remaining places hold
+groups without a spread (the earliest sampled), with advantages and
+completion mask set to zero: they are out of the policy term, the KL term
+and the token counts of the loss, so the update is that of the smaller
+batch (an update of no group at all has a zero gradient; AdamW's momentum
+and weight decay still move the parameters, as in plain GRPO on a batch
+without spread).
+
+Resume: the extra batches come from the run's own data iterator, whose
+position is checkpointed after the step, and round r > 0 samples with a
+seed derived from (training.seed, step, r); a resumed run draws and samples
+exactly what the uninterrupted one did.
+
+Several processes: the decision to draw again is taken from the rewards of
+every process's rows (gathered, the same array on every process), so every
+process draws the same number of batches. The sampled tokens of every row
+are on every process already (the sampler gathers them), so after the
+selection each process takes its places p, p + P, p + 2P, ... of the B
+chosen groups, as the pipeline gives it prompts: the chosen batch, and so
+the run, does not depend on the number of processes.
+"""
+
+import dataclasses
+from typing import Any
+
+from absl import logging
+import numpy as np
+
+from agent_tunix import objectives
+
+
+def has_spread(group_rewards):
+  """Bool [n]: whether each group's rewards are not all equal.
+
+  Args:
+    group_rewards: [n, G] rewards, one row per group.
+  """
+  group_rewards = np.asarray(group_rewards)
+  return group_rewards.max(axis=1) > group_rewards.min(axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+  """Which sampled groups make up a step's update batch.
+
+  Attributes:
+    picks: int [B, 2]: (round, group index within the round) of each place
+      of the update batch.
+    num_kept: places 0 .. num_kept - 1 hold groups with a reward spread;
+      the rest hold groups without one (masked out of the loss).
+    num_rounds: batches of prompts sampled this step.
+    dropped_groups: groups without a reward spread over all rounds.
+  """
+
+  picks: np.ndarray
+  num_kept: int
+  num_rounds: int
+  dropped_groups: int
+
+
+def num_with_spread(round_rewards):
+  """Groups with a reward spread over all rounds ([B, G] arrays)."""
+  return sum(int(has_spread(r).sum()) for r in round_rewards)
+
+
+def needs_more(round_rewards, batch_size, max_rounds):
+  """Whether to sample another batch: too few groups with a spread so far
+  and fewer than `max_rounds` batches sampled."""
+  return (num_with_spread(round_rewards) < batch_size
+          and len(round_rewards) < max_rounds)
+
+
+def select(round_rewards, batch_size):
+  """Picks the B groups of the update batch.
+
+  Args:
+    round_rewards: per round, the total rewards of every group [B, G], in
+      stream order (the same on every process).
+    batch_size: B, groups in the update batch.
+
+  Returns:
+    `Selection`: the first B groups with a spread in (round, position)
+    order, then the earliest groups without one to fill the batch.
+
+  Raises:
+    ValueError: if the rounds hold fewer than B groups in all.
+  """
+  kept, flat = [], []
+  for r, rewards in enumerate(round_rewards):
+    spread = has_spread(rewards)
+    for j in range(len(spread)):
+      (kept if spread[j] else flat).append((r, j))
+  if len(kept) + len(flat) < batch_size:
+    raise ValueError(
+        f'{len(kept) + len(flat)} sampled groups cannot fill a batch of '
+        f'{batch_size}.'
+    )
+  num_kept = min(len(kept), batch_size)
+  picks = np.array((kept[:batch_size] + flat)[:batch_size], np.int64)
+  return Selection(picks=picks.reshape(batch_size, 2), num_kept=num_kept,
+                   num_rounds=len(round_rewards), dropped_groups=len(flat))
+
+
+def collect(first_batch, draw, sample, batch_size, max_rounds):
+  """Samples round after round until the batch is full or the cap is hit.
+
+  Args:
+    first_batch: the step's batch of prompts (round 0).
+    draw: () -> the next batch of prompts from the data iterator; raises
+      StopIteration when the data is exhausted (then the step trains on
+      what it has).
+    sample: (batch, round) -> a round's result with attribute
+      `group_rewards`: [B, G] total rewards of every process's groups, in
+      stream order.
+    batch_size: B (global prompts per batch).
+    max_rounds: most batches to sample (>= 1).
+
+  Returns:
+    (list of the rounds' results, `Selection`).
+  """
+  rounds = [sample(first_batch, 0)]
+  while needs_more([r.group_rewards for r in rounds], batch_size,
+                   max_rounds):
+    try:
+      batch = draw()
+    except StopIteration:
+      logging.info('Dynamic sampling: the data ended after %d rounds; '
+                   'training on what they found.', len(rounds))
+      break
+    rounds.append(sample(batch, len(rounds)))
+  return rounds, select([r.group_rewards for r in rounds], batch_size)
+
+
+def own_places(batch_size, process_index, process_count):
+  """This process's places of the update batch: p, p + P, p + 2P, ..."""
+  return np.arange(process_index, batch_size, process_count)
+
+
+@dataclasses.dataclass
+class Round:
+  """One sampled batch, as every process holds it (stream order).
+
+  Attributes:
+    prompt_tokens: int32 [B, P] every process's prompts, left-padded.
+    prompt_mask: bool [B, P].
+    completions: the B * G sampled rows (`rollout.Completions`, all rows).
+    group_rewards: float32 [B, G] total rewards.
+    per_fn: {reward name: float32 [B * G]} unweighted scores.
+    samples: (prompts, texts, totals) of this process's rows, for the
+      sample-text log.
+  """
+
+  prompt_tokens: np.ndarray
+  prompt_mask: np.ndarray
+  completions: Any
+  group_rewards: np.ndarray
+  per_fn: dict
+  samples: tuple
+
+
+def assemble(rounds, selection, places, num_generations, scale_rewards):
+  """This process's rows of the update batch.
+
+  Args:
+    rounds: the `Round`s of the step.
+    selection: their `Selection`.
+    places: this process's places of the batch (`own_places`), ascending.
+    num_generations: G.
+    scale_rewards: grpo.scale_rewards, for the advantages.
+
+  Returns:
+    The update dict of `train.rollout_batch` ('tokens', 'input_mask',
+    'completion_mask', 'advantages', 'sampler_logps', and 'rewards', the
+    rows' total rewards, for MaxEnt-GRPO), len(places) * G rows. Advantages are those of the kept groups among themselves
+    (`objectives.group_advantages` on this process's kept rows, as without
+    dynamic sampling); the filling groups' rows have zero advantages and a
+    zero completion mask.
+  """
+  g = num_generations
+  places = np.asarray(places)
+  kept = places < selection.num_kept
+  if not np.all(kept[:kept.sum()]):
+    raise ValueError(f'places {places} must be ascending.')
+  parts = {key: [] for key in ('tokens', 'input_mask', 'completion_mask',
+                               'sampler_logps', 'rewards')}
+  for r, j in selection.picks[places]:
+    one = rounds[r]
+    rows = slice(j * g, (j + 1) * g)
+    out = one.completions
+    prompt = np.repeat(one.prompt_tokens[j][None], g, axis=0)
+    prompt_mask = np.repeat(one.prompt_mask[j][None], g, axis=0)
+    parts['tokens'].append(np.concatenate([prompt, out.tokens[rows]], 1))
+    parts['input_mask'].append(
+        np.concatenate([prompt_mask, out.mask[rows] > 0], axis=1))
+    parts['completion_mask'].append(out.mask[rows])
+    parts['sampler_logps'].append(out.logps[rows])
+    parts['rewards'].append(one.group_rewards[j])
+  update = {k: np.concatenate(v) for k, v in parts.items()}
+  rewards = update['rewards'].astype(np.float32)
+  update['rewards'] = rewards
+  num_kept_rows = int(kept.sum()) * g
+  advantages = np.zeros(len(rewards), np.float32)
+  if num_kept_rows:
+    advantages[:num_kept_rows] = np.asarray(objectives.group_advantages(
+        rewards[:num_kept_rows], g, scale_rewards))
+  update['advantages'] = advantages
+  mask = update['completion_mask'].copy()
+  mask[num_kept_rows:] = 0
+  update['completion_mask'] = mask
+  update['input_mask'] = update['input_mask'].astype(bool)
+  return update
+
+
+def step_scalars(selection, batch_size):
+  """The step's dynamic-sampling scalars."""
+  return {
+      'dynamic_sampling/dropped_groups': float(selection.dropped_groups),
+      'dynamic_sampling/extra_prompts':
+          float((selection.num_rounds - 1) * batch_size),
+      'dynamic_sampling/rounds': float(selection.num_rounds),
+      'dynamic_sampling/masked_groups':
+          float(batch_size - selection.num_kept),
+  }
+
