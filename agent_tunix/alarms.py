@@ -32,22 +32,28 @@ these holds, logs a warning (what is wrong and what to try) and sets its
 A window of 0 steps (or alarms.hacking = False) turns an alarm off. A
 warning is logged when an alarm starts firing, an info line when it stops.
 With training.stop_on_alarm the train loop saves a checkpoint and stops
-after the first step at which any alarm fires.
+after the first step whose verdict (that step's windows, or that step's
+evaluation) fires; an alarm raised by the final evaluation only warns.
 
-Resume. The state is saved, not rebuilt: it is the last values of each
-watched scalar (at most one window's worth) and, for reward_hacking, the
-last evaluation's step and accuracy and five running sums of the
-least-squares fit; `state()` is a small JSON dict that the trainer stores
-in each checkpoint's metadata and `load()` puts back. Rebuilding it would
-mean reading the run's event files back (process 0 only, possibly from
-gs://) or repeating the last evaluation; saving it costs a few numbers and
-makes a resumed run raise and stop on exactly the steps the uninterrupted
-run would. Raw values, not counts, are kept so that thresholds changed on
-resume (alarms.* may change, see run_config.SAFE_FIELDS) judge the kept
-values anew.
+Resume. The state is saved, not rebuilt: the last values of each watched
+scalar (at most one window's worth) and, for reward_hacking, the last
+evaluation's step and accuracy and the running sums of the least-squares
+fit since (count, first and last step, sums of x, y, x^2 and xy with x
+the step minus the first one). `state()` returns it as a small JSON dict
+that the trainer stores in each checkpoint's metadata, and `load()` puts
+it back. Rebuilding it would mean reading the run's event files back
+(process 0 only, possibly from gs://) or repeating the last evaluation;
+saving it costs a few numbers, and a resumed run then raises and stops on
+the same steps as the uninterrupted run. (The trainer saves a step after
+that step's evaluation, so the state has seen it; only a step saved
+because its evaluation raised lacks it.) Raw values, not counts, are kept
+so that thresholds changed on resume (alarms.* may change, see
+run_config.SAFE_FIELDS) judge the kept values anew. Which alarms fired is
+not state: it is judged again at the next step or evaluation.
 
-Every scalar read here is a mean over all processes, so every process of
-a multi-host run reaches the same verdicts and stops at the same step.
+Every value read here is the same on every process (step scalars are means
+over all processes' rows), so the processes of a multi-host run reach the
+same verdicts and stop at the same step.
 """
 
 import dataclasses

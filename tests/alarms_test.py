@@ -230,7 +230,7 @@ def test_state_round_trip_repeats_the_uninterrupted_verdicts():
   whole.after_eval(0, {'accuracy': 1.0})
   expected = _drive(whole, range(1, 31))
   assert any(v == 1.0 for out in expected for v in out.values())
-  for cut in (3, 6, 10, 17):
+  for cut in (3, 5, 6, 10, 11, 17):
     first = alarms.Monitor(config)
     first.after_eval(0, {'accuracy': 1.0})
     got = _drive(first, range(1, cut + 1))
