@@ -24,6 +24,8 @@ from clu.metric_writers import interface
 from etils import epath
 import numpy as np
 
+from agent_tunix import config_lib
+
 # File in the workdir holding the W&B run id (resumes continue that run).
 RUN_ID_FILE = 'wandb_run_id'
 
@@ -122,6 +124,9 @@ def create(logging_config, workdir, module=None):
 
   Call on process 0 only.
 
+  Raises:
+    config_lib.ConfigError: when wandb cannot open the run.
+
   Args:
     logging_config: the config's `logging` section (wandb_project,
       wandb_entity, wandb_run_name).
@@ -132,13 +137,23 @@ def create(logging_config, workdir, module=None):
     import wandb as module  # pylint: disable=g-import-not-at-top
   name = (logging_config.wandb_run_name
           or epath.Path(workdir).name or str(workdir))
-  run = module.init(
-      project=logging_config.wandb_project,
-      entity=logging_config.wandb_entity or None,
-      name=name,
-      id=_run_id(workdir),
-      resume='allow',
-  )
+  try:
+    run = module.init(
+        project=logging_config.wandb_project,
+        entity=logging_config.wandb_entity or None,
+        name=name,
+        id=_run_id(workdir),
+        resume='allow',
+    )
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    # wandb's own errors (not logged in, no network, a bad entity) become
+    # one line naming the setting, like other start-up errors.
+    raise config_lib.ConfigError(
+        f'W&B could not open a run in config.logging.wandb_project='
+        f'{logging_config.wandb_project!r}: {type(e).__name__}: {e}. Log in '
+        "with `wandb login`, set WANDB_MODE=offline, or set "
+        "--config.logging.wandb_project=''."
+    ) from e
   logging.info('Logging to W&B project %r, run %r.',
                logging_config.wandb_project, name)
   return WandbWriter(run, module)

@@ -141,6 +141,23 @@ def test_a_project_without_wandb_is_a_config_error(monkeypatch):
   config_lib.validate(_config(project=''))  # Off: no wandb needed.
 
 
+def test_a_run_wandb_cannot_open_is_one_clear_error(tmp_path, monkeypatch):
+  fake = _fake_wandb()
+
+  def init(**kwargs):
+    del kwargs
+    raise RuntimeError('api_key not configured (no-tty)')
+
+  fake.init = init
+  monkeypatch.setitem(sys.modules, 'wandb', fake)
+  with pytest.raises(config_lib.ConfigError) as error:
+    metrics.create_writer(str(tmp_path), asynchronous=False,
+                          config=_config())
+  message = str(error.value)
+  assert "config.logging.wandb_project='proj'" in message
+  assert 'api_key not configured' in message and 'wandb login' in message
+
+
 def _wandb_records(path):
   """The records of a W&B run file (.wandb: LevelDB log blocks)."""
   from wandb.proto import wandb_internal_pb2  # pylint: disable=g-import-not-at-top
@@ -167,7 +184,7 @@ def _wandb_records(path):
 
 
 def test_real_wandb_offline_run_holds_the_scalars(tmp_path, monkeypatch):
-  pytest.importorskip('wandb')
+  wandb = pytest.importorskip('wandb')
   monkeypatch.setenv('WANDB_MODE', 'offline')
   monkeypatch.setenv('WANDB_DIR', str(tmp_path / 'wandb_dir'))
   monkeypatch.setenv('WANDB_SILENT', 'true')
@@ -183,11 +200,16 @@ def test_real_wandb_offline_run_holds_the_scalars(tmp_path, monkeypatch):
   writer.write_scalars(2, {'reward/mean': 0.75, 'alarm/length_limit': 1.0})
   metrics.write_samples(writer, 2, ['q'], ['a'], [1.0], 1)
   writer.close()
+  # finish() can return before wandb's service process has written the
+  # whole run file; shutting the service down waits for it.
+  wandb.teardown()
   run_id = (workdir / wandb_writer.RUN_ID_FILE).read_text().strip()
   (run_file,) = (tmp_path / 'wandb_dir').glob(f'wandb/offline-run-*/'
                                                f'run-{run_id}.wandb')
   history, config_items = {}, {}
-  for record in _wandb_records(run_file):
+  records = _wandb_records(run_file)
+  assert records[-1].WhichOneof('record_type') == 'exit'  # Complete.
+  for record in records:
     kind = record.WhichOneof('record_type')
     if kind == 'history':
       step = record.history.step.num
@@ -198,7 +220,7 @@ def test_real_wandb_offline_run_holds_the_scalars(tmp_path, monkeypatch):
       for item in record.config.update:
         config_items[item.key or '/'.join(item.nested_key)] = json.loads(
             item.value_json)
-  assert history[0]['eval/accuracy'] == 0.25
+  assert history.get(0, {}).get('eval/accuracy') == 0.25, history
   assert history[1]['reward/mean'] == 0.5
   assert history[2]['reward/mean'] == 0.75
   assert history[1]['alarm/length_limit'] == 0
