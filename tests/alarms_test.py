@@ -285,15 +285,27 @@ def test_stop_on_alarm_saves_names_the_alarm_and_resumes(tmp_path):
   ckpt.close()
   # Resumed in the same process: the restored window [1, 2] -> [2, 3] is
   # full again after one step, so it stops at 3 (a fresh window would not
-  # fire before step 4).
+  # fire before step 4). Step 3 is also evaluated and saved on schedule
+  # (both may change on resume).
   config = tiny.get_config()
   config.alarms.entropy_min = 1e9
   config.alarms.entropy_steps = 2
   config.training.stop_on_alarm = True
   config.training.num_steps = 4
-  config.checkpoint.save_interval_steps = 0
+  config.eval.eval_every_n_steps = 3
+  config.checkpoint.save_interval_steps = 3
   config.checkpoint.async_save = False
   logging.set_verbosity(logging.INFO)
   resumed = train.train_and_evaluate(config, str(workdir))
   assert resumed['step'] == 3 and resumed['alarms'] == ['entropy_collapse']
   assert resumed['scalars']['alarm/entropy_collapse'] == 1.0
+  # The checkpoint of step 3 was saved after step 3's evaluation, so its
+  # alarm state holds that evaluation (reward_hacking's next baseline).
+  ckpt = checkpoint.Checkpointer(str(workdir), config.checkpoint,
+                                 read_only=True)
+  meta = ckpt.restore(None, step=3).meta
+  ckpt.close()
+  assert meta['alarms']['last_eval'][0] == 3
+  window = meta['alarms']['recent']['entropy_collapse']
+  assert len(window) == 2
+  assert window[-1] == pytest.approx(resumed['scalars']['entropy'])
