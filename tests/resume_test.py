@@ -10,7 +10,8 @@ checkpointing every step:
      the same command falls back to checkpoint 3, sets the damaged step
      aside, repeats step 4 and saves it; evaluate then reads step 4.
 
-Every metric except wall-clock timings must equal A's exactly. A and B run
+Every metric except wall-clock timings must equal A's exactly, the
+alarms' included (one of them fires across the kill). A and B run
 side by side, then B's resume and C; each pair shares a JAX compilation
 cache directory with its predecessor, so later runs skip most compiling.
 The rewards include `reward_fixtures:text_length` so the policy really
@@ -58,6 +59,10 @@ def _command(workdir):
       '--config.checkpoint.async_save=false',
       '--config.rewards.functions='
       'format_approx=1,answer=1,reward_fixtures:text_length=1',
+      # The random model's completions all reach the length limit, so the
+      # length_limit alarm fires from step 3 on: a resume must carry its
+      # window over the kill (alarm state in the checkpoint).
+      '--config.alarms.clipped_steps=3',
   ]
 
 
@@ -251,6 +256,10 @@ def test_resumed_run_repeats_the_uninterrupted_run_exactly(runs):
   compared = _assert_same_scalars(a, b_resumed, after_kill, 'resumed B')
   assert {'eval/accuracy', 'eval/format_accuracy',
           'eval/pass_at_k'} <= compared  # The final evaluation.
+  # An alarm whose window spans the kill fires where it did in A.
+  assert {s: float(v[0]) for s, v in a['alarm/length_limit'].items()} == {
+      1: 0.0, 2: 0.0, 3: 1.0, 4: 1.0}
+  assert 'alarm/length_limit' in compared
   # Before the kill, B was the same run as A.
   _assert_same_scalars(a, b, range(0, resumed_from + 1), 'killed B')
   for step in after_kill:
