@@ -96,7 +96,7 @@ _EMPTY_FIT = {'n': 0, 'first': 0, 'last': 0, 'sx': 0.0, 'sy': 0.0,
               'sxx': 0.0, 'sxy': 0.0}
 
 
-def _hint(name, config):
+def hint(name, config):
   """What to try when alarm `name` fires."""
   if name == ENTROPY_COLLAPSE:
     return ('try a lower optimizer.learning_rate (now '
@@ -186,7 +186,7 @@ class Monitor:
     was = name in self._firing
     if why:
       text = (f'Alarm {name} at step {step}: {why}; '
-              f'{_hint(name, self._config)}.')
+              f'{hint(name, self._config)}.')
       self._fired[name] = (step, text)
       self._firing.add(name)
       if not was:

@@ -108,7 +108,7 @@ def test_windowed_alarm_fires_after_its_window_only(name, metric, hit, miss,
   assert len(warnings) == 1, warnings
   assert warnings[0].startswith(f'Alarm {name} at step 6: {metric} was ')
   assert f'alarms.{list(overrides)[0].split(".")[1]}=' in warnings[0]
-  assert alarms._hint(name, _config()) in warnings[0]  # pylint: disable=protected-access
+  assert alarms.hint(name, _config()) in warnings[0]
   # message() is the latest firing verdict's.
   assert monitor.message(name) == warnings[0].replace('step 6', 'step 8')
   # A miss clears it.
