@@ -62,7 +62,7 @@ def train(session):
 
   Returns:
     {'step', 'scalars' (of the last step), 'eval' (final scores),
-    'preempted'}, as `train.train_and_evaluate` returns.
+    'preempted', 'alarms'}, as `train.train_and_evaluate` returns.
   """
   return train_lib.run(session)
 

@@ -4,6 +4,7 @@ Every check names the config field, the bad value and the fix, so a typo or
 an impossible combination costs seconds, not a model load.
 """
 
+import importlib.util
 import math
 import os
 import tempfile
@@ -248,6 +249,8 @@ def validate(config, num_devices=None, process_count=1, workdir=None):
       'config.logging.report_every_n_steps='
       f'{config.logging.report_every_n_steps} must be >= 1.',
   )
+  _validate_alarms(config.alarms)
+  _validate_wandb(config.logging)
   try:
     for name, _ in rewards.parse_spec(config.rewards.functions):
       rewards.resolve(name)  # Imports 'module:function' rewards.
@@ -278,6 +281,40 @@ def _validate_finite(config):
         )
 
   visit('', config)
+
+
+def _validate_alarms(alarms):
+  """Windows are step counts; shares are in [0, 1]."""
+  for field in ('entropy_steps', 'zero_std_steps', 'clipped_steps'):
+    _require(
+        isinstance(alarms[field], int) and alarms[field] >= 0,
+        f'config.alarms.{field}={alarms[field]!r} must be a whole number of '
+        'steps >= 0 (0 turns the alarm off).',
+    )
+  for field in ('zero_std_frac', 'clipped_frac'):
+    _require(
+        0 <= alarms[field] <= 1,
+        f'config.alarms.{field}={alarms[field]} is a share of the batch: it '
+        'must be in [0, 1].',
+    )
+  _require(
+      alarms.entropy_min >= 0 and alarms.hacking_accuracy_drop >= 0,
+      f'config.alarms.entropy_min={alarms.entropy_min} and '
+      f'config.alarms.hacking_accuracy_drop={alarms.hacking_accuracy_drop} '
+      'must be >= 0.',
+  )
+
+
+def _validate_wandb(logging_config):
+  """A W&B project needs the wandb package (not a requirement)."""
+  project = logging_config.wandb_project
+  if project:
+    _require(
+        importlib.util.find_spec('wandb') is not None,
+        f'config.logging.wandb_project={project!r} needs the wandb package, '
+        "which is not installed: run `pip install wandb`, or set "
+        "--config.logging.wandb_project='' to log to TensorBoard only.",
+    )
 
 
 def _validate_data_files(config, names):

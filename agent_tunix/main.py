@@ -4,6 +4,8 @@ r"""Trains a Gemma 3 policy with GRPO and LoRA.
 
 Any config field can be overridden, e.g. --config.grpo.num_generations=8.
 Rerunning the same command resumes from the latest checkpoint in --workdir.
+A run stopped by an alarm (--config.training.stop_on_alarm=true) saves a
+checkpoint, names the alarm and exits with status 1.
 """
 
 import json
@@ -76,7 +78,17 @@ def main(argv):
   if jax.process_index() == 0:
     sys.stdout.write(json.dumps(
         {'step': result['step'], 'eval': result['eval'],
-         'preempted': result['preempted']}) + '\n')
+         'preempted': result['preempted'],
+         'alarms': result['alarms']}) + '\n')
+  if result['alarms']:
+    # Exit status 1 and one line, so that scripts see the run did not finish.
+    sys.exit(
+        f'stopped after step {result["step"]} by alarm '
+        f'{", ".join(result["alarms"])} (training.stop_on_alarm=True; a '
+        'checkpoint of that step is in --workdir). See the warning above '
+        'for what to try; rerun with --config.training.stop_on_alarm=false '
+        'or changed alarms.* thresholds to go on from there.'
+    )
 
 
 if __name__ == '__main__':

@@ -34,22 +34,31 @@ NON_FINITE_HINT = (
 _TAG_BAD_CHARS = re.compile(r'[^A-Za-z0-9_.\-/]+')
 
 
-def create_writer(workdir, asynchronous=True):
+def create_writer(workdir, asynchronous=True, config=None):
   """Returns a CLU MetricWriter for the run.
 
   Args:
     workdir: Run directory (local or gs://); TensorBoard event files go here.
     asynchronous: Write from a background thread (call `writer.flush()` or
       `writer.close()` before reading the files).
+    config: The run's config; when config.logging.wandb_project is set,
+      process 0 also writes to Weights & Biases (`wandb_writer`).
 
   On processes other than 0 the writer only logs (no files), so a multi-host
-  run has one set of event files.
+  run has one set of event files (and one W&B run).
   """
-  return metric_writers.create_default_writer(
+  writer = metric_writers.create_default_writer(
       workdir,
       just_logging=jax.process_index() > 0,
       asynchronous=asynchronous,
   )
+  if (config is not None and config.logging.wandb_project
+      and jax.process_index() == 0):
+    from agent_tunix import wandb_writer  # pylint: disable=g-import-not-at-top
+    writer = metric_writers.MultiWriter(
+        [writer, wandb_writer.create(config.logging, workdir)]
+    )
+  return writer
 
 
 def _hparam_value(value):

@@ -32,6 +32,8 @@ FILENAME = 'config.json'
 SAFE_FIELDS = (
     'training.num_steps',
     'training.micro_batch_size',
+    'training.stop_on_alarm',
+    'alarms.',
     'eval.',
     'logging.',
     'checkpoint.',

@@ -37,6 +37,7 @@ from flax import nnx
 import jax
 import numpy as np
 
+from agent_tunix import alarms as alarms_lib
 from agent_tunix import checkpoint
 from agent_tunix import config_lib
 from agent_tunix import divergence
@@ -76,6 +77,7 @@ class Session:
   # The KL coefficient the next update uses (grpo.kl_target > 0 adapts it;
   # checkpointed in the step's meta).
   kl_coeff: float = 0.0
+  alarms: alarms_lib.Monitor = None  # Made by `run`; its state is saved.
 
 
 def step_seed(base_seed, step, sampling_round=0):
@@ -363,9 +365,12 @@ def save(ckpt, session, step, force=False):
     return
   divergence.check_state(step, session.model, session.optimizer,
                          session.last_batch, session.hp, session.config, ckpt)
+  meta = {'kl_coeff': session.kl_coeff}
+  if session.alarms is not None:
+    meta['alarms'] = session.alarms.state()
   ckpt.save(step, checkpoint.lora_state(session.model),
             checkpoint.optimizer_state(session.optimizer),
-            session.train_iter, {'kl_coeff': session.kl_coeff}, force=force)
+            session.train_iter, meta, force=force)
 
 
 def restore_lora(session, workdir, step=None):
@@ -380,7 +385,10 @@ def run_eval(session, writer, step):
       session.sampler, session.tokenizer, session.eval_set, session.config,
       seed=step_seed(session.config.training.seed + 1, step),
   )
-  writer.write_scalars(step, {f'eval/{k}': v for k, v in scores.items()})
+  scalars = {f'eval/{k}': v for k, v in scores.items()}
+  if session.alarms is not None:
+    scalars.update(session.alarms.after_eval(step, scores))
+  writer.write_scalars(step, scalars)
   if texts and jax.process_index() == 0:
     metrics_lib.write_samples(
         writer, step, [e['prompt'] for e in session.eval_set], texts,
@@ -395,7 +403,10 @@ def train_and_evaluate(config, workdir):
   """Trains (resuming from workdir's latest checkpoint) and evaluates.
 
   Returns:
-    Dict with the final step, the last step's scalars and final eval scores.
+    Dict with the final step, the last step's scalars, the final eval scores
+    (None when stopped early), 'preempted' (stopped by SIGTERM/SIGINT) and
+    'alarms' (the alarms that stopped the run under
+    training.stop_on_alarm; empty otherwise).
   """
   config_lib.validate(config, process_count=jax.process_count(),
                       workdir=workdir)
@@ -409,14 +420,16 @@ def run(session):
   model, optimizer = session.model, session.optimizer
   ckpt = checkpoint.Checkpointer(workdir, config.checkpoint)
   start = 0
+  session.alarms = alarms_lib.Monitor(config)
   restored = ckpt.restore_into(model, optimizer, session.train_iter)
   ckpt.set_aside_damaged()
   if restored is not None:
     meta, start = restored
     if config.grpo.kl_target > 0 and 'kl_coeff' in meta:
       session.kl_coeff = float(meta['kl_coeff'])
+    session.alarms.load(meta.get('alarms'))
     logging.info('Resumed from step %d in %s', start, workdir)
-  writer = metrics_lib.create_writer(workdir)
+  writer = metrics_lib.create_writer(workdir, config=config)
   if start == 0:
     metrics_lib.write_hparams(writer, config)
   num_steps = config.training.num_steps
@@ -461,28 +474,40 @@ def run(session):
       scalars['time/update_s'] = t2 - t1
       scalars['tokens_per_s'] = gen_tokens / (t2 - t0)
       divergence.check_scalars(step, scalars, config, ckpt)
+      scalars.update(session.alarms.update(step, scalars))
       writer.write_scalars(step, scalars)
       if jax.process_index() == 0:
         metrics_lib.write_samples(
             writer, step, *samples, config.logging.num_sample_texts
         )
       report(step)
-      save(ckpt, session, step)
       every = config.eval.eval_every_n_steps
       if every and step % every == 0 and step < num_steps:
         run_eval(session, writer, step)
-      if guard.should_stop(step):
+      # After the evaluation, so that the checkpoint's alarm state has seen
+      # it (reward_hacking compares consecutive evaluations).
+      save(ckpt, session, step)
+      preempted = guard.should_stop(step)
+      alarmed = (session.alarms.fired(step)
+                 if config.training.stop_on_alarm else [])
+      if preempted or alarmed:
         save(ckpt, session, step, force=True)
-        logging.warning('Stopped after step %s, saved in %s; rerun the same '
-                        'command to resume.', step, ckpt.directory)
+        if alarmed:
+          logging.warning(
+              'Stopped after step %s by alarm %s (training.stop_on_alarm); '
+              'saved in %s. %s', step, ', '.join(alarmed), ckpt.directory,
+              ' '.join(session.alarms.message(a) for a in alarmed))
+        else:
+          logging.warning('Stopped after step %s, saved in %s; rerun the '
+                          'same command to resume.', step, ckpt.directory)
         ckpt.close()
-        writer.flush()
+        writer.close()
         return {'step': step, 'scalars': scalars, 'eval': None,
-                'preempted': True}
+                'preempted': preempted, 'alarms': alarmed}
   if step > start:
     save(ckpt, session, step, force=True)
   final = run_eval(session, writer, step)
   ckpt.close()
-  writer.flush()
+  writer.close()
   return {'step': step, 'scalars': scalars, 'eval': final,
-          'preempted': False}
+          'preempted': False, 'alarms': []}

@@ -252,6 +252,9 @@ def get_config(arg=None):
   config.training.micro_batch_size = 1
   # Seed for LoRA init and sampling.
   config.training.seed = 42
+  # When an alarm fires (see the alarms section), save a checkpoint and
+  # stop after that step, naming the alarm; False only warns.
+  config.training.stop_on_alarm = False
 
   # ----------------------------------------------------------- checkpoint
   config.checkpoint = ml_collections.ConfigDict()
@@ -284,12 +287,53 @@ def get_config(arg=None):
   # Call jax.distributed.initialize() (multi-host TPU pods).
   config.mesh.multihost = False
 
+  # --------------------------------------------------------------- alarms
+  # Each alarm logs a warning (what is wrong, what to try) and an
+  # alarm/<name> scalar: 1 while it fires, else 0.
+  config.alarms = ml_collections.ConfigDict()
+  # entropy_collapse fires when the update's mean token entropy (nats) is
+  # below this at each of the last entropy_steps steps.
+  config.alarms.entropy_min = 0.05
+  # Window of entropy_collapse, in steps; 0 = off.
+  config.alarms.entropy_steps = 10
+  # zero_reward_spread fires when at least this share of groups have all G
+  # rewards equal (frac_reward_zero_std: zero advantages, nothing to learn)
+  # at each of the last zero_std_steps steps.
+  config.alarms.zero_std_frac = 0.9
+  # Window of zero_reward_spread, in steps; 0 = off.
+  config.alarms.zero_std_steps = 10
+  # length_limit fires when at least this share of completions reach
+  # generation.max_generation_steps without ending (completion/clipped_ratio)
+  # at each of the last clipped_steps steps.
+  config.alarms.clipped_frac = 0.5
+  # Window of length_limit, in steps; 0 = off.
+  config.alarms.clipped_steps = 10
+  # reward_hacking, judged at each evaluation after the first: fires when
+  # the training reward rose by at least hacking_reward_rise (the
+  # least-squares line of reward/mean over the steps since the previous
+  # evaluation, from its first to its last step) while eval/accuracy fell
+  # by at least hacking_accuracy_drop since that evaluation. False = off.
+  config.alarms.hacking = True
+  # Least fitted rise of reward/mean between two evaluations (reward units).
+  config.alarms.hacking_reward_rise = 0.1
+  # Least fall of eval/accuracy between two evaluations (0.05 = 5 points).
+  config.alarms.hacking_accuracy_drop = 0.05
+
   # -------------------------------------------------------------- logging
   config.logging = ml_collections.ConfigDict()
   # Sample completions written as text every step.
   config.logging.num_sample_texts = 2
   # Console progress report every N steps.
   config.logging.report_every_n_steps = 1
+  # Weights & Biases project: the run's scalars, sample texts and config
+  # also go there (process 0 only); '' = off. Needs `pip install wandb`;
+  # WANDB_MODE=offline writes the run under the workdir for a later
+  # `wandb sync`.
+  config.logging.wandb_project = ''
+  # W&B entity (user or team); '' = your default entity.
+  config.logging.wandb_entity = ''
+  # W&B run name; '' = the workdir's last path component.
+  config.logging.wandb_run_name = ''
 
   return config
 

@@ -10,9 +10,10 @@ checkpointing every step:
      the same command falls back to checkpoint 3, sets the damaged step
      aside, repeats step 4 and saves it; evaluate then reads step 4.
 
-Every metric except wall-clock timings must equal A's exactly (the runs
-use the adaptive KL controller, whose coefficient `kl_coeff` changes every
-step and lives in the checkpoint). A and B run
+Every metric except wall-clock timings must equal A's exactly, the
+alarms' included (one of them fires across the kill), and the adaptive KL
+coefficient `kl_coeff` (it changes every step and lives in the
+checkpoint). A and B run
 side by side, then B's resume and C; each pair shares a JAX compilation
 cache directory with its predecessor, so later runs skip most compiling.
 The rewards include `reward_fixtures:text_length_some_answers` so the
@@ -75,6 +76,10 @@ def _command(workdir):
       # a resume must continue its sequence, not restart it.
       '--config.grpo.kl_target=0.001',
       '--config.grpo.kl_horizon=64',
+      # The random model's completions all reach the length limit, so the
+      # length_limit alarm fires from step 3 on: a resume must carry its
+      # window over the kill (alarm state in the checkpoint).
+      '--config.alarms.clipped_steps=3',
   ]
 
 
@@ -276,6 +281,10 @@ def test_resumed_run_repeats_the_uninterrupted_run_exactly(runs):
            for s in range(1, _NUM_STEPS + 1)}
   assert any(extra[s] > 0 for s in range(1, resumed_from + 1)), extra
   assert any(extra[s] > 0 for s in after_kill), extra
+  # An alarm whose window spans the kill fires where it did in A.
+  assert {s: float(v[0]) for s, v in a['alarm/length_limit'].items()} == {
+      1: 0.0, 2: 0.0, 3: 1.0, 4: 1.0}
+  assert 'alarm/length_limit' in compared
   # Before the kill, B was the same run as A.
   _assert_same_scalars(a, b, range(0, resumed_from + 1), 'killed B')
   for step in after_kill:

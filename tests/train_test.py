@@ -35,7 +35,8 @@ _PER_STEP_SCALARS = (
     'frac_reward_zero_std', 'completion/mean_length',
     'completion/clipped_ratio', 'loss', 'kl', 'clip_ratio', 'entropy',
     'grad_norm', 'learning_rate', 'time/rollout_s', 'time/update_s',
-    'tokens_per_s', 'sampler/logp_abs_diff',
+    'tokens_per_s', 'sampler/logp_abs_diff', 'alarm/entropy_collapse',
+    'alarm/zero_reward_spread', 'alarm/length_limit',
 )
 _EVAL_SCALARS = (
     'eval/accuracy', 'eval/accuracy_stderr', 'eval/format_accuracy',
@@ -80,7 +81,7 @@ def run(tmp_path_factory):
 def test_returns_final_step_and_finite_scalars(run):
   _, _, result = run
   assert result['step'] == 2
-  assert result['preempted'] is False
+  assert result['preempted'] is False and result['alarms'] == []
   assert set(result['scalars']) == set(_PER_STEP_SCALARS)
   for name, value in result['scalars'].items():
     assert math.isfinite(value), (name, value)
@@ -99,6 +100,14 @@ def test_event_file_has_every_metric(run):
       assert np.isfinite(value), (tag, step, value)
   for tag in _EVAL_SCALARS:
     assert sorted(events[tag]) == [0, 2], tag  # Before and after training.
+  # No alarm fires in 2 steps with the default windows (10 steps); the
+  # reward-hacking verdict comes with each evaluation.
+  for tag in ('alarm/entropy_collapse', 'alarm/zero_reward_spread',
+              'alarm/length_limit'):
+    assert {s: float(v[0]) for s, v in events[tag].items()} == {
+        1: 0.0, 2: 0.0}, tag
+  assert {s: float(v[0]) for s, v in events['alarm/reward_hacking'].items()
+          } == {0: 0.0, 2: 0.0}
   assert sorted(events['samples']) == [0, 1, 2]
   value, plugin, _ = events['samples'][1]
   assert plugin == 'text'
