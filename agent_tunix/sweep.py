@@ -30,7 +30,9 @@ checkpoint from it (the trainer's own resume) and trains the others from
 scratch. A run that diverges or whose reward function fails is reported as
 failed and the sweep goes on; a run whose workdir another process holds is
 reported as running elsewhere; SIGTERM or Ctrl-C stops the sweep after the
-current run checkpoints (rerun to go on).
+current run checkpoints (rerun to go on). A run whose data ran out before
+training.num_steps (data.num_epochs) is not finished: a rerun evaluates it
+again, and trains it further only with more epochs.
 
 At the end it prints a table of every run's final evaluation (accuracy,
 format accuracy and pass@k with their standard errors, read from the run's
@@ -453,6 +455,11 @@ def run(points, train=True, say=print):
       say(f'{where}: stopped at step {result["step"]}; rerun the same '
           'command to go on.')
       break
+    if result['step'] < num_steps:
+      say(f'{where}: out of data at step {result["step"]} of {num_steps}; '
+          'raise data.num_epochs to train further.')
+      statuses[point.name] = f'out of data at step {result["step"]}'
+      continue
     say(f'{where}: finished at step {result["step"]}.')
   return [summarize(p, statuses.get(p.name), errors_of.get(p.name))
           for p in points]

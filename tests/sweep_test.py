@@ -189,6 +189,53 @@ def test_a_run_killed_in_its_final_evaluation_is_not_finished(tmp_path):
   assert not sweep.run_state(str(tmp_path), 3)['finished']
 
 
+def test_failed_locked_out_of_data_and_stopped_runs(tmp_path, monkeypatch):
+  """What the sweep does with each outcome of the trainer (faked here; the
+  real trainer runs in the last test)."""
+  # pylint: disable=g-import-not-at-top
+  from agent_tunix import divergence
+  from agent_tunix import run_lock
+  from agent_tunix import train
+  # pylint: enable=g-import-not-at-top
+  config = _config()
+  points = sweep.grid(config, str(tmp_path), sweep.parse_sweeps(
+      ['optimizer.learning_rate=1e-1,2e-1,3e-1,4e-1,5e-1'], config))
+  outcomes = {
+      0.1: divergence.DivergenceError('loss=nan at step 1; lower it.'),
+      0.2: run_lock.LockedError('held by pid 7'),
+      0.3: {'step': 1, 'preempted': False},
+      0.4: {'step': 1, 'preempted': True},
+  }
+  trained = []
+
+  def fake_train(point_config, workdir):
+    lr = point_config.optimizer.learning_rate
+    trained.append((lr, workdir))
+    if isinstance(outcomes[lr], Exception):
+      raise outcomes[lr]
+    return {**outcomes[lr], 'scalars': {}, 'eval': None}
+
+  monkeypatch.setattr(train, 'train_and_evaluate', fake_train)
+  said = []
+
+  rows = sweep.run(points, say=said.append)
+
+  assert trained == [(p.config.optimizer.learning_rate, p.workdir)
+                     for p in points[:4]]  # The sweep stops after 0.4.
+  assert said[1::2] == [
+      '[1/5] learning_rate=0.1: failed: loss=nan at step 1; lower it.',
+      '[2/5] learning_rate=0.2: running elsewhere; skipped (held by pid 7).',
+      '[3/5] learning_rate=0.3: out of data at step 1 of 2; raise '
+      'data.num_epochs to train further.',
+      '[4/5] learning_rate=0.4: stopped at step 1; rerun the same command to '
+      'go on.']
+  assert [r['status'] for r in rows] == [
+      'failed', 'running elsewhere', 'out of data at step 1', 'not started',
+      'not started']
+  assert rows[0]['error'] == 'loss=nan at step 1; lower it.'
+  assert all('error' not in r for r in rows[1:])
+
+
 def _cli(*args, module='agent_tunix.sweep'):
   return subprocess.run(
       [sys.executable, '-m', module, *args], cwd=_REPO, capture_output=True,
