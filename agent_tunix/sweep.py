@@ -432,7 +432,8 @@ def run(points, train=True, say=print):
     state = run_state(point.workdir, num_steps)
     where = f'[{i + 1}/{len(points)}] {point.name}'
     if state['finished']:
-      say(f'{where}: finished at step {state["step"]}; skipped.')
+      say(f'{where}: finished at step {state["step"]}'
+          + ('; skipped.' if train else '.'))
       continue
     if not train:
       continue

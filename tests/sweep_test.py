@@ -152,7 +152,11 @@ def test_summary_of_finished_stopped_and_new_runs(tmp_path):
   _write_events(stopped, {0: {'accuracy': 0.25}, 2: {'accuracy': 0.125}})
   _checkpoints(stopped, 2)
 
-  rows = sweep.run([a, b, c], train=False, say=lambda line: None)
+  said = []
+
+  rows = sweep.run([a, b, c], train=False, say=said.append)
+
+  assert said == ['[1/3] learning_rate=0.0001: finished at step 4.']
 
   assert [r['status'] for r in rows] == [
       'finished', 'stopped at step 2', 'not started']
