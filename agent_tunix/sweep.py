@@ -28,7 +28,8 @@ and its event files hold eval/accuracy at that step (the trainer's final
 evaluation). A rerun skips finished runs, resumes a run with an earlier
 checkpoint from it (the trainer's own resume) and trains the others from
 scratch. A run that diverges or whose reward function fails is reported as
-failed and the sweep goes on; a run whose workdir another process holds is
+failed and the sweep goes on (a rerun tries it again from its newest
+checkpoint); a run whose workdir another process holds is
 reported as running elsewhere; SIGTERM or Ctrl-C stops the sweep after the
 current run checkpoints (rerun to go on). A run whose data ran out before
 training.num_steps (data.num_epochs) is not finished: a rerun evaluates it
