@@ -39,7 +39,8 @@ At the end it prints a table of every run's final evaluation (accuracy,
 format accuracy and pass@k with their standard errors, read from the run's
 event files) and its best step (the evaluated step with the highest
 accuracy, the earliest of ties), and writes it to WORKDIR/sweep.md, with
-the same figures as JSON in WORKDIR/sweep.json.
+the same figures as JSON in WORKDIR/sweep.json. Exit status 1 when a run
+failed, or for a bad flag (one line naming it and the fix).
 """
 
 import copy
