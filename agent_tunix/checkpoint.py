@@ -561,11 +561,22 @@ class Checkpointer:
     self._manager.close()
 
 
+def steps_on_disk(workdir):
+  """The sorted checkpoint steps in `workdir` (reads only; creates nothing).
+
+  A step counts once Orbax has finalised it (its directory has the step's
+  number as its name; a save in progress is named otherwise). Nothing is
+  restored: a damaged step is listed too.
+  """
+  directory = epath.Path(workdir) / CHECKPOINT_SUBDIR
+  if not directory.exists():
+    return []
+  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
 def has_steps(workdir):
   """True if `workdir` holds checkpoint steps (reads only; creates nothing)."""
-  directory = epath.Path(workdir) / CHECKPOINT_SUBDIR
-  return directory.exists() and any(
-      p.name.isdigit() for p in directory.iterdir())
+  return bool(steps_on_disk(workdir))
 
 
 def _move_dir(source, target):
