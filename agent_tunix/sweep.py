@@ -458,6 +458,12 @@ def run(points, train=True, say=print):
       say(f'{where}: stopped at step {result["step"]}; rerun the same '
           'command to go on.')
       break
+    if result.get('alarms'):
+      names = ', '.join(result['alarms'])
+      say(f'{where}: stopped at step {result["step"]} by alarm {names} '
+          '(training.stop_on_alarm); the sweep goes on.')
+      statuses[point.name] = f'stopped by alarm {names}'
+      continue
     if result['step'] < num_steps:
       say(f'{where}: out of data at step {result["step"]} of {num_steps}; '
           'raise data.num_epochs to train further.')

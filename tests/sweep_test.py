@@ -203,11 +203,12 @@ def test_failed_locked_out_of_data_and_stopped_runs(tmp_path, monkeypatch):
   # pylint: enable=g-import-not-at-top
   config = _config()
   points = sweep.grid(config, str(tmp_path), sweep.parse_sweeps(
-      ['optimizer.learning_rate=1e-1,2e-1,3e-1,4e-1,5e-1'], config))
+      ['optimizer.learning_rate=1e-1,2e-1,3e-1,35e-2,4e-1,5e-1'], config))
   outcomes = {
       0.1: divergence.DivergenceError('loss=nan at step 1; lower it.'),
       0.2: run_lock.LockedError('held by pid 7'),
       0.3: {'step': 1, 'preempted': False},
+      0.35: {'step': 1, 'preempted': False, 'alarms': ['entropy_collapse']},
       0.4: {'step': 1, 'preempted': True},
   }
   trained = []
@@ -225,17 +226,19 @@ def test_failed_locked_out_of_data_and_stopped_runs(tmp_path, monkeypatch):
   rows = sweep.run(points, say=said.append)
 
   assert trained == [(p.config.optimizer.learning_rate, p.workdir)
-                     for p in points[:4]]  # The sweep stops after 0.4.
+                     for p in points[:5]]  # The sweep stops after 0.4.
   assert said[1::2] == [
-      '[1/5] learning_rate=0.1: failed: loss=nan at step 1; lower it.',
-      '[2/5] learning_rate=0.2: running elsewhere; skipped (held by pid 7).',
-      '[3/5] learning_rate=0.3: out of data at step 1 of 2; raise '
+      '[1/6] learning_rate=0.1: failed: loss=nan at step 1; lower it.',
+      '[2/6] learning_rate=0.2: running elsewhere; skipped (held by pid 7).',
+      '[3/6] learning_rate=0.3: out of data at step 1 of 2; raise '
       'data.num_epochs to train further.',
-      '[4/5] learning_rate=0.4: stopped at step 1; rerun the same command to '
+      '[4/6] learning_rate=0.35: stopped at step 1 by alarm entropy_collapse '
+      '(training.stop_on_alarm); the sweep goes on.',
+      '[5/6] learning_rate=0.4: stopped at step 1; rerun the same command to '
       'go on.']
   assert [r['status'] for r in rows] == [
-      'failed', 'running elsewhere', 'out of data at step 1', 'not started',
-      'not started']
+      'failed', 'running elsewhere', 'out of data at step 1',
+      'stopped by alarm entropy_collapse', 'not started', 'not started']
   assert rows[0]['error'] == 'loss=nan at step 1; lower it.'
   assert all('error' not in r for r in rows[1:])
 

@@ -36,7 +36,7 @@ _PER_STEP_SCALARS = (
     'completion/clipped_ratio', 'loss', 'kl', 'clip_ratio', 'entropy',
     'grad_norm', 'learning_rate', 'time/rollout_s', 'time/update_s',
     'tokens_per_s', 'sampler/logp_abs_diff', 'alarm/entropy_collapse',
-    'alarm/zero_reward_spread', 'alarm/length_limit',
+    'alarm/zero_reward_spread', 'alarm/length_limit', 'kl_coeff',
 )
 _EVAL_SCALARS = (
     'eval/accuracy', 'eval/accuracy_stderr', 'eval/format_accuracy',
