@@ -24,6 +24,7 @@ import numpy as np
 
 from agent_tunix import evaluation
 from agent_tunix import export as export_lib
+from agent_tunix import run_lock
 from agent_tunix import train as train_lib
 from agent_tunix.data import pipeline
 from agent_tunix.data import prompts
@@ -63,8 +64,13 @@ def train(session):
   Returns:
     {'step', 'scalars' (of the last step), 'eval' (final scores),
     'preempted', 'alarms'}, as `train.train_and_evaluate` returns.
+
+  Raises:
+    run_lock.LockedError: another run (a CLI or another notebook) is
+      training in the same workdir; it holds the lock until it ends.
   """
-  return train_lib.run(session)
+  with run_lock.hold(session.workdir):
+    return train_lib.run(session)
 
 
 def evaluate(session):

@@ -14,6 +14,7 @@ import pytest
 from agent_tunix import api
 from agent_tunix import evaluation
 from agent_tunix import generate
+from agent_tunix import run_lock
 from agent_tunix.data import prompts
 from agent_tunix.models import lora
 from configs import tiny
@@ -30,6 +31,13 @@ def test_prepare_train_evaluate_ask_export(tmp_path):
   workdir = str(tmp_path / 'run')
   session = api.prepare(config, workdir)
   before = _lora_arrays(session.model)
+
+  # Another run holds the workdir: refused at once, nothing trained.
+  other = run_lock.Lock(workdir).acquire()
+  with pytest.raises(run_lock.LockedError):
+    api.train(session)
+  other.release()
+  assert not os.path.exists(os.path.join(workdir, 'checkpoints'))
 
   result = api.train(session)
   assert result['step'] == 1
