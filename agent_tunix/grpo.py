@@ -500,6 +500,9 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
   metrics = {key: value / total_tokens for key, value in sums.items()}
   metrics['loss'] = loss
   metrics['grad_norm'] = optax.tree.norm(grads)
+  if hp.entropy_coeff:
+    # What the bonus takes off the loss, per completion token (token-mean).
+    metrics['entropy_bonus'] = hp.entropy_coeff * metrics['entropy']
   metrics.update(extra_metrics)
   return grads, metrics
 

@@ -254,7 +254,8 @@ def test_objective_menu_trains_and_logs(tmp_path):
   result = train.train_and_evaluate(config, str(tmp_path))
   assert result['step'] == 2
   events = read_events(tmp_path)
-  for tag in ('kl_coeff', 'maxent/target_entropy', 'entropy', 'kl'):
+  for tag in ('kl_coeff', 'maxent/target_entropy', 'entropy', 'kl',
+              'entropy_bonus'):
     assert set(events[tag]) == {1, 2}, tag
     for step in (1, 2):
       assert math.isfinite(float(events[tag][step][0])), (tag, step)
@@ -265,6 +266,9 @@ def test_objective_menu_trains_and_logs(tmp_path):
   error = min(max(kl / 0.01 - 1, -0.2), 0.2)
   assert coeffs[1] == pytest.approx(0.2 * (1 + error * n / 32.0), rel=1e-6)
   assert coeffs[1] != coeffs[0]
+  for step in (1, 2):
+    assert float(events['entropy_bonus'][step][0]) == pytest.approx(
+        0.01 * float(events['entropy'][step][0]), rel=1e-5)
   # The G target weights of a group have entropy at most log G.
   for step in (1, 2):
     assert 0 < float(events['maxent/target_entropy'][step][0]) <= math.log(
