@@ -410,15 +410,20 @@ def test_preemption_guard_sets_flag_and_restores_handler():
 
 
 def test_sigint_is_handled_like_sigterm_and_a_second_one_interrupts():
-  before = signal.getsignal(signal.SIGINT)
-  with checkpoint.PreemptionGuard() as guard:
-    os.kill(os.getpid(), signal.SIGINT)
-    assert guard.requested() and guard.should_stop(3)
-    assert guard.signal_name == 'SIGINT'
-    with pytest.raises(KeyboardInterrupt):  # Python's default handler.
+  # Python's own SIGINT handler underneath, as in an interactive run
+  # (pytest-xdist workers ignore SIGINT).
+  outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    with checkpoint.PreemptionGuard() as guard:
       os.kill(os.getpid(), signal.SIGINT)
-      time.sleep(1)  # The handler runs between bytecodes.
-  assert signal.getsignal(signal.SIGINT) is before
+      assert guard.requested() and guard.should_stop(3)
+      assert guard.signal_name == 'SIGINT'
+      with pytest.raises(KeyboardInterrupt):  # The previous handler.
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)  # The handler runs between bytecodes.
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  finally:
+    signal.signal(signal.SIGINT, outer)
 
 
 def test_second_sigterm_goes_to_previous_handler():

@@ -51,9 +51,13 @@ def ours_grpo(ctx):
         'completion_mask': out.mask,
         'advantages': advantages,
     }
+    if hp.maxent_tau > 0:
+      update['rewards'] = rewards  # MaxEnt-GRPO's advantages come from them.
+    if g.kl_target > 0:
+      update['kl_coeff'] = np.full(len(rewards), hp.beta, np.float32)
     batch = sharding.shard_batch(update, ctx.mesh)
     t2 = records.now()
-    if g.beta > 0:
+    if hp.needs_reference:
       batch['ref_logps'] = jax.block_until_ready(
           grpo.reference_logps(model, batch, hp)
       )
@@ -72,7 +76,7 @@ def ours_grpo(ctx):
       parts[key].append(value)
     logging.info('ours: step %d %.2f s', step, t4 - t0)
   ctx.last_update = update
-  if g.beta > 0:
+  if hp.needs_reference:
     ctx.last_update = dict(update, ref_logps=np.asarray(batch['ref_logps']))
   tokens = config.training.batch_size * num_g * gen.max_generation_steps
   side = records.step_summary(

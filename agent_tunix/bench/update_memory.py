@@ -90,10 +90,15 @@ def synthetic_update(ctx):
       'completion_mask': np.ones((rows, c), np.float32),
       'advantages': rng.standard_normal(rows).astype(np.float32),
   }
-  if g.beta > 0:
+  hp = ctx.session.hp
+  if hp.needs_reference:
     update['ref_logps'] = -np.abs(rng.standard_normal((rows, c))).astype(
         np.float32
     ) - 5.0
+  if hp.maxent_tau > 0:
+    update['rewards'] = rng.standard_normal(rows).astype(np.float32)
+  if g.kl_target > 0:
+    update['kl_coeff'] = np.full(rows, hp.beta, np.float32)
   return update
 
 
