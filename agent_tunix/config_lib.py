@@ -362,6 +362,46 @@ def _validate_workdir(workdir):
   )
 
 
+def _tp_dims(model_cfg):
+  """The model dimensions tunix's Gemma 3 splits over the 'tp' axis."""
+  cfg = gemma.model_config(model_cfg)
+  dims = {
+      'attention heads': cfg.num_heads,
+      'model width': cfg.embed_dim,
+      'MLP width': cfg.hidden_dim,
+  }
+  if cfg.num_kv_heads > 1:  # tunix does not split a single KV head.
+    dims['KV heads'] = cfg.num_kv_heads
+  return dims
+
+
+def tp_sizes(model_cfg):
+  """The 'tp' mesh axis sizes that divide every dimension split over it."""
+  limit = math.gcd(*_tp_dims(model_cfg).values())
+  return [d for d in range(1, limit + 1) if limit % d == 0]
+
+
+def _validate_tp(config, tp, resolved):
+  """The 'tp' axis divides every model dimension tunix shards over it.
+
+  A size that does not divide one of them would fail later, when weights
+  are placed.
+  """
+  if tp == 1 or config.model.preset not in gemma.PRESETS:
+    return
+  dims = _tp_dims(config.model)
+  bad = {name: n for name, n in dims.items() if n % tp}
+  if bad:
+    sizes = tp_sizes(config.model)
+    raise ConfigError(
+        f'config.mesh.shape={resolved}: its tp axis ({tp}) does not divide '
+        f'the {config.model.preset} '
+        + ', '.join(f'{name} ({n})' for name, n in bad.items())
+        + f'. Use a tp size in {sizes} (fsdp takes the rest, e.g. '
+        f"--config.mesh.shape='(-1, {max(d for d in sizes if d <= tp)})')."
+    )
+
+
 def _validate_mesh(config, num_devices):
   """Mesh axes, sizes and the batch split over the data-parallel axes."""
   mesh = config.mesh
@@ -385,6 +425,7 @@ def _validate_mesh(config, num_devices):
     resolved = sharding.resolve_shape(shape, num_devices)
   except ValueError as e:
     raise ConfigError(str(e)) from e
+  _validate_tp(config, dict(zip(names, resolved))['tp'], resolved)
   parallel = math.prod(
       size for name, size in zip(names, resolved)
       if name in sharding.BATCH_AXES

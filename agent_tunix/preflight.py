@@ -466,9 +466,11 @@ def fixes(config, program, spec):
                f'{max(1, t.batch_size // 2)} (fewer rows to sample)')
   shape = dict(zip(config.mesh.axis_names, config.mesh.shape))
   tp = shape.get('tp', 1)
-  out.append(f"a wider 'tp' mesh axis (now {tp}), e.g. "
-             f"--config.mesh.shape='(-1, {tp * 2})' (shards heads and "
-             'features)')
+  wider = [d for d in config_lib.tp_sizes(m) if d > tp]
+  if wider and spec.num_chips % wider[0] == 0:
+    out.append(f"a wider 'tp' mesh axis (now {tp}), e.g. "
+               f"--config.mesh.shape='(-1, {wider[0]})' (shards heads and "
+               'features)')
   out.append(f'a bigger slice than {spec.name} ({spec.num_chips} chips of '
              f'{spec.chip.hbm_bytes / tpu_topology.GiB:.0f} GiB)')
   return out

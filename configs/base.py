@@ -280,7 +280,8 @@ def get_config(arg=None):
 
   # ----------------------------------------------------------------- mesh
   config.mesh = ml_collections.ConfigDict()
-  # Device mesh shape; -1 means "the rest of the devices".
+  # Device mesh shape; -1 means "the rest of the devices". The tp size must
+  # divide the model's heads, KV heads and widths (1B: 1, 2 or 4).
   config.mesh.shape = (-1, 1)
   # Mesh axis names, matched to the shape.
   config.mesh.axis_names = ('fsdp', 'tp')

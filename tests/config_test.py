@@ -182,6 +182,8 @@ _INVALID = [
      'mesh.axis_names', 'fsdp'),
     ('mesh_names_and_shape_differ', _set(mesh__shape=(-1, 1, 1)), 1,
      'mesh.axis_names', 'one name per axis'),
+    ('mesh_tp_does_not_divide_heads', _set(mesh__shape=(1, 4)), 4,
+     'mesh.shape', "'(-1, 2)'"),
     ('remat_unknown', _set(model__remat='decoder'), 1, 'model.remat',
      "not one of ['none', 'block', 'layer']"),
     ('one_generation', _set(grpo__num_generations=1), 1,
@@ -273,10 +275,29 @@ def test_validation_batch_split_over_processes():
     config_lib.validate(config, num_devices=2, process_count=2)
 
 
+def test_tp_axis_must_divide_the_sharded_model_dimensions():
+  # Gemma 3 1B: 4 heads, 1 KV head (tunix does not split a single one).
+  config = _preset('gemma3_1b')
+  config.mesh.shape = (-1, 4)
+  config_lib.validate(config, num_devices=8)
+  config.mesh.shape = (1, 8)
+  with pytest.raises(config_lib.ConfigError,
+                     match=r'tp axis \(8\).*attention heads \(4\)'):
+    config_lib.validate(config, num_devices=8)
+  # Gemma 3 4B: 8 heads but 4 KV heads.
+  config = _preset('gemma3_4b')
+  config.mesh.shape = (1, 8)
+  with pytest.raises(config_lib.ConfigError, match=r'KV heads \(4\)') as e:
+    config_lib.validate(config, num_devices=8)
+  assert 'attention heads' not in str(e.value)
+  assert '[1, 2, 4]' in str(e.value)
+
+
 def test_mesh_with_free_axis_resolves():
   config = _preset('tiny')
-  config.mesh.shape = (2, -1)
+  config.mesh.shape = (4, -1)  # tp = 2, the tiny model's 2 heads.
   config.training.batch_size = 4
+  config.training.micro_batch_size = 2
   config_lib.validate(config, num_devices=8)
 
 

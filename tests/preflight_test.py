@@ -12,6 +12,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
@@ -152,6 +153,19 @@ def test_a_config_that_cannot_fit_is_named_with_fixes():
   assert 'micro_batch_size=32' in out.stdout
   # It stops there: the update is not compiled, and says so.
   assert 'Not compiled after that: update' in out.stdout
+
+
+def test_fixes_suggest_only_a_tp_size_the_model_allows():
+  program = types.SimpleNamespace(name='rollout_prefill')
+  spec = tpu_topology.parse('v5litepod-8')
+  # The tiny model has 2 attention heads: tp=2 is the widest.
+  config = _tiny(**{'mesh.shape': (-1, 1)})
+  text = ' '.join(preflight.fixes(config, program, spec))
+  assert "--config.mesh.shape='(-1, 2)'" in text
+  config = _tiny(**{'mesh.shape': (-1, 2)})
+  text = ' '.join(preflight.fixes(config, program, spec))
+  assert "'tp'" not in text
+  assert 'a bigger slice than v5litepod-8' in text
 
 
 def test_a_bad_topology_exits_2_with_one_line():

@@ -25,7 +25,6 @@ from agent_tunix import preflight
 from agent_tunix import sharding
 from agent_tunix import tpu_topology
 from agent_tunix.bench import records
-from agent_tunix.models import gemma
 
 NAME = 'tpu_preflight'
 
@@ -67,14 +66,14 @@ def preflight_measurement(ctx, topology):
   names, shape, source = slice_mesh(ctx.config, num_devices)
   config = ctx.config
   if source == 'fitted':
-    heads = gemma.model_config(config.model).num_heads
-    if heads % shape[1]:
+    sizes = config_lib.tp_sizes(config.model)
+    if shape[1] not in sizes:
       rows = config.training.micro_batch_size * config.grpo.num_generations
       raise records.Skipped(
           f'{spec.name} has {num_devices} devices: a micro-batch\'s {rows} '
           f'completions split over fsdp={shape[0]} of them, which leaves '
-          f'tp={shape[1]}, and the model\'s {heads} attention heads do not '
-          'split that way. Choose a smaller --preflight_topology or a larger '
+          f'tp={shape[1]}, and the model\'s heads and widths allow tp in '
+          f'{sizes} only. Choose a smaller --preflight_topology or a larger '
           'training.micro_batch_size.'
       )
     config = copy.deepcopy(config)
