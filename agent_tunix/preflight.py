@@ -45,6 +45,7 @@ status 0 when every program fits, 1 when one does not (the report names
 it, the bytes over and the fixes that apply), 2 on a bad flag or config.
 """
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -59,6 +60,7 @@ from absl import logging
 from flax import nnx
 import jax
 import jax.numpy as jnp
+from jax._src.interpreters import partial_eval  # pylint: disable=g-direct-jax-import
 from ml_collections import config_flags
 from tunix.models.gemma3 import model as gemma3_lib
 
@@ -172,6 +174,29 @@ def _abstract_placed(tree, shardings):
   )
 
 
+@contextlib.contextmanager
+def _cheap_tracer_attribute_errors():
+  """Tracers raise AttributeError without searching where they came from.
+
+  qwix and flax probe `getattr(x, 'sharding', None)` on every weight while
+  LoRA is applied; on a tracer that raises an AttributeError whose message
+  JAX builds by searching the whole traced program for the value's origin.
+  Tracing the model abstractly makes that quadratic in its size (4B: 66 of
+  the 73 s it took to build, 27B: minutes). Only the message is dropped;
+  the error is the same. Private JAX API: skipped if it is not there.
+  """
+  tracer = getattr(partial_eval, 'DynamicJaxprTracer', None)
+  original = tracer and tracer.__dict__.get('_origin_msg')
+  if original is None:
+    yield
+    return
+  tracer._origin_msg = lambda self: ''  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    tracer._origin_msg = original  # pylint: disable=protected-access
+
+
 def abstract_policy(config, mesh):
   """The run's LoRA model and optimizer, abstract, placed as training does.
 
@@ -194,7 +219,8 @@ def abstract_policy(config, mesh):
     model = lora.apply_lora(model, config.model, seed=config.training.seed)
     return model, nnx.Optimizer(model, tx, wrt=nnx.LoRAParam)
 
-  model, optimizer = nnx.eval_shape(build)
+  with _cheap_tracer_attribute_errors():
+    model, optimizer = nnx.eval_shape(build)
   for obj in (model, optimizer):
     graphdef, state = nnx.split(obj)
     shardings = nnx.get_named_sharding(state, mesh)

@@ -15,6 +15,8 @@ import sys
 import types
 
 import jax
+from jax._src.interpreters import partial_eval
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -166,6 +168,23 @@ def test_fixes_suggest_only_a_tp_size_the_model_allows():
   text = ' '.join(preflight.fixes(config, program, spec))
   assert "'tp'" not in text
   assert 'a bigger slice than v5litepod-8' in text
+
+
+def test_abstract_build_skips_the_tracer_origin_search():
+  # It must be active with the installed JAX (else a 27B build takes
+  # minutes again), keep getattr's AttributeError, and undo itself.
+  original = partial_eval.DynamicJaxprTracer._origin_msg
+  seen = {}
+
+  def probe(x):
+    with preflight._cheap_tracer_attribute_errors():
+      seen['message'] = type(x)._origin_msg(x)
+      seen['default'] = getattr(x, 'sharding', 'missing')
+    return x
+
+  jax.eval_shape(probe, jnp.ones(3))
+  assert seen == {'message': '', 'default': 'missing'}
+  assert partial_eval.DynamicJaxprTracer._origin_msg is original
 
 
 def test_a_bad_topology_exits_2_with_one_line():
