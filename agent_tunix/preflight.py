@@ -37,6 +37,8 @@ step per generated token, the log-prob passes and num_iterations updates.
 XLA counts a loop body once: the update's and the log-prob passes' figures
 are one micro-batch's times the number of micro-batches; the log-prob
 chunks inside are still counted once, so the bounds stay below the work.
+The byte count includes the compiler's copies between HBM and on-chip
+memory, so the byte term can be longer than HBM traffic alone takes.
 
 Programs are compiled in the order above and the preflight stops at the
 first that does not fit (its arguments alone overflow, or the compiler
@@ -576,7 +578,9 @@ def report(config, spec, programs, usable, devices_per_chip=1,
           'and the log-prob chunks inside are still counted once, so the '
           'bounds stay below the work done. The step bound sums prefill + '
           'max_generation_steps decode steps + log-prob passes + '
-          'num_iterations updates.'
+          'num_iterations updates. The byte count includes the '
+          'compiler\'s copies between HBM and on-chip memory, so the byte '
+          'term can exceed what HBM traffic alone needs.'
       ),
   }
 
