@@ -39,6 +39,13 @@ above the restored one to `<checkpoints>/damaged-step-<N>-<UTC time>/`
 (kept for inspection, never read again, not counted by max_to_keep), so the
 rerun saves its own step N again. Readers (evaluate, export, generate) only
 restore and never move anything.
+A failed restore leaves Orbax's other reads of that step in flight: when
+they end, their callbacks find Orbax's event loop closed and Python would
+print a traceback for each ('Event loop is closed', 'Exception ignored in:
+<coroutine ...>', ~46 per failure). The warning above already names the
+step and its error, so `restore` installs a `sys.unraisablehook` that drops
+exactly those two kinds (logged at verbosity 1) and passes any other
+unraisable error on to the previous hook.
 If no step can be restored it raises `RestoreError` listing every failure;
 only an empty checkpoint directory gives None. On several processes, a step
 counts as restored only if it restored on every process, so all processes
@@ -75,6 +82,7 @@ error goes on, unless the parameters were mid-update.
 
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, NamedTuple
@@ -98,6 +106,51 @@ DAMAGED_PREFIX = 'damaged-step-'
 
 class RestoreError(RuntimeError):
   """No checkpoint step could be restored."""
+
+
+def _is_abandoned_read(unraisable):
+  """Whether an unraisable error is the aftermath of a failed Orbax read.
+
+  Two kinds (see the module docstring): a TensorStore read finishing after
+  Orbax closed its event loop (RuntimeError raised by the loop's
+  call_soon_threadsafe, called from C: no Python frame above it), and an
+  Orbax read coroutine that raised as it was thrown away unfinished.
+
+  Args:
+    unraisable: The sys.UnraisableHookArgs.
+  """
+  error = unraisable.exc_value
+  if (isinstance(error, RuntimeError)
+      and str(error) == 'Event loop is closed'
+      and unraisable.exc_traceback is not None
+      and unraisable.exc_traceback.tb_frame.f_code.co_name
+      == 'call_soon_threadsafe'):
+    return True
+  code = getattr(unraisable.object, 'cr_code', None)
+  path = getattr(code, 'co_filename', '').replace('\\', '/')
+  return '/orbax/checkpoint/' in path
+
+
+def _drop_abandoned_reads(previous):
+  """A sys.unraisablehook: drops `_is_abandoned_read` errors, else previous."""
+
+  def hook(unraisable):
+    if _is_abandoned_read(unraisable):
+      logging.debug('Late error of an abandoned checkpoint read (its '
+                    'restore already failed): %s: %s',
+                    type(unraisable.exc_value).__name__,
+                    _shorten(str(unraisable.exc_value)))
+      return
+    previous(unraisable)
+
+  hook.drops_abandoned_reads = True
+  return hook
+
+
+def quiet_abandoned_reads():
+  """Installs `_drop_abandoned_reads` as sys.unraisablehook (once)."""
+  if not getattr(sys.unraisablehook, 'drops_abandoned_reads', False):
+    sys.unraisablehook = _drop_abandoned_reads(sys.unraisablehook)
 
 
 class Restored(NamedTuple):
@@ -460,6 +513,7 @@ class Checkpointer:
       RestoreError: if no step (or the requested `step`) can be restored.
     """
     self.failed_steps = {}
+    quiet_abandoned_reads()
     self._manager.reload()
     steps = self.all_steps()
     if not steps:
