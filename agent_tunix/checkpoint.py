@@ -375,6 +375,7 @@ class Checkpointer:
     # Steps that failed in the last `restore`, as {step: error message}.
     self.failed_steps = {}
     self._saved_steps = set()
+    self._closed = False
 
   def all_steps(self):
     """Returns the steps on disk, ascending (damaged ones included)."""
@@ -611,8 +612,30 @@ class Checkpointer:
     self._manager.wait_until_finished()
 
   def close(self):
-    """Waits for pending saves and releases the manager."""
-    self._manager.close()
+    """Waits for pending saves and releases the manager (once)."""
+    if not self._closed:
+      self._closed = True
+      self._manager.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, kind, error, traceback):
+    """Closes; when leaving on an error, a failing close is only logged.
+
+    A process that exits on an error does not wait for Orbax's background
+    writes: a step being saved asynchronously would be left as a
+    `<step>.orbax-checkpoint-tmp` directory, and lost.
+    """
+    if error is None:
+      self.close()
+      return False
+    try:
+      self.close()
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      logging.error('Could not finish writing checkpoints after %s: %s',
+                    kind.__name__, e)
+    return False
 
 
 def steps_on_disk(workdir):
@@ -787,8 +810,9 @@ class SaveOnError:
   saved with `save(step)` before the exception goes on, with the data
   iterator put back to where that step left it; nothing is saved when the
   parameters were mid-update or when `skip(exception)` is true (e.g. a
-  divergence), or when nothing completed since `start`. A failure of that
-  save is logged, never raised over the original error.
+  divergence), or when nothing completed since `start`. `save` must have
+  written the step when it returns (wait for an asynchronous save). A
+  failure of that save is logged, never raised over the original error.
   """
 
   def __init__(self, save, data_iter, start, skip=lambda e: False):

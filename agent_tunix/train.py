@@ -416,9 +416,17 @@ def train_and_evaluate(config, workdir):
 
 def run(session):
   """`train_and_evaluate` on a session already built by `setup`."""
+  ckpt = checkpoint.Checkpointer(session.workdir, session.config.checkpoint)
+  # However the loop ends (an error included), the checkpoint being written
+  # in the background is finished before this returns or raises.
+  with ckpt:
+    return _train(session, ckpt)
+
+
+def _train(session, ckpt):
+  """The train loop of `run`, checkpointing with `ckpt`."""
   config, workdir = session.config, session.workdir
   model, optimizer = session.model, session.optimizer
-  ckpt = checkpoint.Checkpointer(workdir, config.checkpoint)
   start = 0
   session.alarms = alarms_lib.Monitor(config)
   restored = ckpt.restore_into(model, optimizer, session.train_iter)
@@ -448,9 +456,14 @@ def run(session):
     run_eval(session, writer, 0)
   scalars = {}
   step = start
+
+  def save_now(done):
+    save(ckpt, session, done, force=True)
+    ckpt.wait()  # Written before SaveOnError says so; the error goes on.
+
   keeper = checkpoint.SaveOnError(
-      lambda done: save(ckpt, session, done, force=True), session.train_iter,
-      start, skip=lambda e: isinstance(e, divergence.DivergenceError))
+      save_now, session.train_iter, start,
+      skip=lambda e: isinstance(e, divergence.DivergenceError))
   with guard, keeper:
     for step in range(start + 1, num_steps + 1):
       keeper.begin(step)

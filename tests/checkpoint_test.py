@@ -584,6 +584,23 @@ def test_abandoned_read_hook_passes_other_errors_on(monkeypatch):
   assert seen == [closed, other]
 
 
+def test_leaving_on_an_error_finishes_the_background_write(tmp_path):
+  # A process exiting on an error does not wait for Orbax's background
+  # thread; `with ckpt:` does, so no '1.orbax-checkpoint-tmp' is left.
+  ckpt = checkpoint.Checkpointer(str(tmp_path), _config(async_save=True))
+  tree = {'w': jnp.ones((2048, 2048), jnp.float32)}  # 16 MB: a slow write.
+  with pytest.raises(KeyError):
+    with ckpt:
+      assert ckpt.save(1, tree, {'n': jnp.zeros(2)}, _data_iter(), {})
+      raise KeyError('a reward function failed')
+  assert [p.name for p in (tmp_path / 'checkpoints').iterdir()] == ['1']
+  ckpt.close()  # A second close does nothing.
+  ckpt = checkpoint.Checkpointer(str(tmp_path), _config())
+  restored = ckpt.restore({'w': jnp.zeros((2048, 2048), jnp.float32)})
+  np.testing.assert_array_equal(np.asarray(restored.lora_state['w']), 1.0)
+  ckpt.close()
+
+
 def test_damaged_steps_set_aside_and_saved_anew(tmp_path, caplog):
   workdir = str(tmp_path)
   model, optimizer = _save_steps(workdir, [1, 2, 3])
