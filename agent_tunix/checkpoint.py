@@ -809,13 +809,14 @@ class SaveOnError:
   from a second Ctrl-C, ...) leaves the block, the last completed step is
   saved with `save(step)` before the exception goes on, with the data
   iterator put back to where that step left it; nothing is saved when the
-  parameters were mid-update or when `skip(exception)` is true (e.g. a
-  divergence), or when nothing completed since `start`. `save` must have
+  parameters were mid-update, when `skip(exception)` gives a reason (a
+  string, logged; e.g. a divergence, a full disk), or when nothing completed
+  since `start`. `save` must have
   written the step when it returns (wait for an asynchronous save). A
   failure of that save is logged, never raised over the original error.
   """
 
-  def __init__(self, save, data_iter, start, skip=lambda e: False):
+  def __init__(self, save, data_iter, start, skip=lambda e: None):
     self._save = save
     self._data_iter = data_iter
     self._skip = skip
@@ -841,9 +842,10 @@ class SaveOnError:
   def __exit__(self, kind, error, traceback):
     if error is None or self._done <= self._start:
       return False
-    if self._updating or self._skip(error):
-      logging.warning('Not saving after %s: the state after step %s is not '
-                      'known to be good.', kind.__name__, self._done)
+    reason = (f'the state after step {self._done} is not known to be good'
+              if self._updating else self._skip(error))
+    if reason:
+      logging.warning('Not saving after %s: %s.', kind.__name__, reason)
       return False
     try:
       if self._data_state is not None:

@@ -4,19 +4,23 @@
 
   * a user error (a bad config, a workdir in use, a run that diverged, a
     checkpoint that cannot be restored, a missing file, a bad data row, a
-    failing reward function) prints one line, `error: <message>`, on stderr and exits with
-    status 1; its traceback goes to the log at verbosity 1 (`-v 1`), or is
-    raised whole with `--traceback`;
-  * an error caused by a full disk ends with `error: No space left on
-    device ...` as its last line, whatever wrapped it;
+    failing reward function) prints one line, `error: <message>`, on
+    stderr and exits with status 1; its traceback goes to the log at
+    verbosity 1 (`-v 1`), or is raised whole with `--traceback`;
+  * an error caused by a full disk, whatever wrapped it (an OSError, or
+    TensorStore's RESOURCE_EXHAUSTED from inside an Orbax save), logs the
+    original message and ends with one line: `error: No space left on
+    device writing <path>.` and what to do;
   * anything else (a bug) raises with its full traceback, as before.
 
-It also drops INFO lines of Orbax from the log unless the verbosity is 1 or
+It also drops INFO lines of Orbax from the log, and the tracebacks of its
+warnings and errors (the line itself stays), unless the verbosity is 1 or
 more, so the console shows the run's own progress.
 """
 
 import errno
 import logging as py_logging
+import re
 import sys
 
 from absl import flags
@@ -58,27 +62,52 @@ def _chain(error):
 
 def no_space_error(error):
   """The ENOSPC OSError in `error`'s chain (or one saying so), else None."""
-  for e in _chain(error):
+  chain = _chain(error)
+  for e in chain:
     if isinstance(e, OSError) and e.errno == errno.ENOSPC:
       return e
+  for e in chain:
     if 'No space left on device' in str(e):
       return e
   return None
 
 
+def _written_path(error):
+  """The file or directory a full-disk `error` was writing, or None."""
+  if isinstance(error, OSError) and error.filename:
+    return str(error.filename)
+  quoted = re.search(r'(["\'])((?:/|gs://).+?)\1', str(error))
+  return quoted.group(2) if quoted else None
+
+
+def no_space_message(error):
+  """One line for the full-disk `error` (from `no_space_error`)."""
+  path = _written_path(error)
+  where = f' writing {path}' if path else ''
+  return (f'No space left on device{where}. Free space on that disk (or '
+          'use another --workdir) and rerun the same command: training '
+          'resumes from the newest complete checkpoint.')
+
+
 class _QuietThirdParty(py_logging.Filter):
+  """At verbosity 0: Orbax's INFO lines go, its warnings lose tracebacks."""
 
   def filter(self, record):
-    if record.levelno >= py_logging.WARNING:
-      return True
     if logging.get_verbosity() >= logging.DEBUG:
       return True
     path = record.pathname.replace('\\', '/')
-    return not any(source in path for source in _QUIET_SOURCES)
+    if not any(source in path for source in _QUIET_SOURCES):
+      return True
+    if record.levelno < py_logging.WARNING:
+      return False
+    # Its error lines stay (one line each); the ~30-line traceback each
+    # carries (e.g. every writer thread of a save on a full disk) does not.
+    record.exc_info, record.exc_text = None, None
+    return True
 
 
 def quiet_third_party_logs():
-  """Drops Orbax's INFO log lines unless the verbosity is >= 1."""
+  """Quiets Orbax's log (see _QuietThirdParty) unless the verbosity is >= 1."""
   handler = logging.get_absl_handler()
   if not any(isinstance(f, _QuietThirdParty) for f in handler.filters):
     handler.addFilter(_QuietThirdParty())
@@ -98,7 +127,11 @@ def cli(main):
       if _TRACEBACK.value:
         raise
       logging.debug('Traceback of the error below:', exc_info=True)
-      shown = full if full is not None else e
+      if full is not None:
+        logging.error('Out of disk space: %s', full)
+        shown = no_space_message(full)
+      else:
+        shown = e
       sys.stderr.write(f'error: {shown}\n')
       sys.stderr.flush()
       sys.exit(1)

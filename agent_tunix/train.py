@@ -42,6 +42,7 @@ from agent_tunix import checkpoint
 from agent_tunix import config_lib
 from agent_tunix import divergence
 from agent_tunix import dynamic_sampling
+from agent_tunix import errors
 from agent_tunix import evaluation
 from agent_tunix import grpo
 from agent_tunix import metrics as metrics_lib
@@ -461,9 +462,15 @@ def _train(session, ckpt):
     save(ckpt, session, done, force=True)
     ckpt.wait()  # Written before SaveOnError says so; the error goes on.
 
-  keeper = checkpoint.SaveOnError(
-      save_now, session.train_iter, start,
-      skip=lambda e: isinstance(e, divergence.DivergenceError))
+  def skip_reason(error):
+    if isinstance(error, divergence.DivergenceError):
+      return 'the diverged state is not known to be good'
+    if errors.no_space_error(error) is not None:
+      return 'the disk is full'
+    return None
+
+  keeper = checkpoint.SaveOnError(save_now, session.train_iter, start,
+                                  skip=skip_reason)
   with guard, keeper:
     for step in range(start + 1, num_steps + 1):
       keeper.begin(step)

@@ -21,6 +21,7 @@ import pytest
 
 from agent_tunix import checkpoint
 from agent_tunix import divergence
+from agent_tunix import errors
 from agent_tunix import run_config
 from agent_tunix import train
 from configs import tiny
@@ -111,6 +112,27 @@ def test_crash_inside_a_step_saves_the_last_completed_step(tmp_path):
   saved = json.loads(
       (tmp_path / 'checkpoints/2/data/process_0-of-1.json').read_text())
   assert saved == json.loads(json.dumps(session.train_iter.get_state()))
+
+
+def test_a_full_disk_saves_nothing_more_and_says_so(tmp_path):
+  workdir = str(tmp_path)
+  reward_fixtures.CALLS['disk_full_on_fourth_call'] = 0
+  config = _config(**{
+      'training.num_steps': 6,
+      'checkpoint.save_interval_steps': 2,
+      'rewards.functions': 'format_approx=1,'
+                           'reward_fixtures:disk_full_on_fourth_call=1',
+  })
+  with pytest.raises(Exception) as error:
+    train.train_and_evaluate(config, workdir)
+  full = errors.no_space_error(error.value)
+  assert full is not None, error.value
+  # Step 2 (the periodic save) is kept whole; step 3 completed, but with
+  # the disk full no save of it is tried (it would only leave a partial
+  # step and more errors behind).
+  assert sorted(p.name for p in (tmp_path / 'checkpoints').iterdir()) == ['2']
+  assert errors.no_space_message(full).startswith(
+      'No space left on device writing /w/scores.json. Free space')
 
 
 def _wait_for(path, text, proc, deadline):
