@@ -13,9 +13,9 @@
     device writing <path>.` and what to do;
   * anything else (a bug) raises with its full traceback, as before.
 
-It also drops INFO lines of Orbax from the log, and the tracebacks of its
-warnings and errors (the line itself stays), unless the verbosity is 1 or
-more, so the console shows the run's own progress.
+It also drops INFO lines of Orbax from the log, and the tracebacks of
+Orbax's and CLU's warnings and errors (the line itself stays), unless the
+verbosity is 1 or more, so the console shows the run's own progress.
 """
 
 import errno
@@ -49,6 +49,9 @@ USER_ERRORS = (
 )
 # Loggers' source paths whose INFO lines are dropped at verbosity 0.
 _QUIET_SOURCES = ('/orbax/',)
+# Source paths whose warnings and errors lose their tracebacks at verbosity
+# 0 (CLU's INFO lines stay: its progress report is one).
+_NO_TRACEBACK_SOURCES = ('/orbax/', '/clu/')
 
 
 def _chain(error):
@@ -76,8 +79,12 @@ def _written_path(error):
   """The file or directory a full-disk `error` was writing, or None."""
   if isinstance(error, OSError) and error.filename:
     return str(error.filename)
-  quoted = re.search(r'(["\'])((?:/|gs://).+?)\1', str(error))
-  return quoted.group(2) if quoted else None
+  text = str(error)
+  quoted = re.search(r'(["\'])((?:/|gs://).+?)\1', text)
+  if quoted:
+    return quoted.group(2)
+  bare = re.search(r'(?:^|\s)((?:/|gs://)[^\s;:\'"]+)', text)
+  return bare.group(1) if bare else None
 
 
 def no_space_message(error):
@@ -90,19 +97,21 @@ def no_space_message(error):
 
 
 class _QuietThirdParty(py_logging.Filter):
-  """At verbosity 0: Orbax's INFO lines go, its warnings lose tracebacks."""
+  """Quiets third-party logs at verbosity 0.
+
+  Orbax's INFO lines go; Orbax's and CLU's warnings and errors stay, one
+  line each, without their tracebacks (~30 lines each: e.g. every writer
+  thread of a save, or every metrics flush, on a full disk).
+  """
 
   def filter(self, record):
     if logging.get_verbosity() >= logging.DEBUG:
       return True
     path = record.pathname.replace('\\', '/')
-    if not any(source in path for source in _QUIET_SOURCES):
-      return True
     if record.levelno < py_logging.WARNING:
-      return False
-    # Its error lines stay (one line each); the ~30-line traceback each
-    # carries (e.g. every writer thread of a save on a full disk) does not.
-    record.exc_info, record.exc_text = None, None
+      return not any(source in path for source in _QUIET_SOURCES)
+    if any(source in path for source in _NO_TRACEBACK_SOURCES):
+      record.exc_info, record.exc_text = None, None
     return True
 
 

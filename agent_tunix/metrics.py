@@ -17,9 +17,11 @@ to its own absl log. A typical loop:
   writer.close()
 """
 
+import contextlib
 import re
 import time
 
+from absl import logging
 from clu import metric_writers
 from clu import periodic_actions
 import jax
@@ -59,6 +61,26 @@ def create_writer(workdir, asynchronous=True, config=None):
         [writer, wandb_writer.create(config.logging, workdir)]
     )
   return writer
+
+
+@contextlib.contextmanager
+def closing(writer):
+  """Closes `writer` however the block ends; on an error, quietly.
+
+  Closing waits for an asynchronous writer's queued writes, so that none of
+  their errors is logged after the error that ends the run is reported. On
+  an error, a failing close is logged and the block's error goes on.
+  """
+  try:
+    yield writer
+  except BaseException as error:
+    try:
+      writer.close()
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      logging.error('Could not finish writing metrics after %s: %s',
+                    type(error).__name__, e)
+    raise
+  writer.close()
 
 
 def _hparam_value(value):

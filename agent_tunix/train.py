@@ -29,6 +29,7 @@ decision to draw more prompts and assemble their share of the chosen groups
 (`rollout_dynamic`, dynamic_sampling.py).
 """
 
+import contextlib
 import dataclasses
 import time
 
@@ -419,13 +420,14 @@ def run(session):
   """`train_and_evaluate` on a session already built by `setup`."""
   ckpt = checkpoint.Checkpointer(session.workdir, session.config.checkpoint)
   # However the loop ends (an error included), the checkpoint being written
-  # in the background is finished before this returns or raises.
-  with ckpt:
-    return _train(session, ckpt)
+  # in the background and the queued metrics are finished before this
+  # returns or raises.
+  with ckpt, contextlib.ExitStack() as closing:
+    return _train(session, ckpt, closing)
 
 
-def _train(session, ckpt):
-  """The train loop of `run`, checkpointing with `ckpt`."""
+def _train(session, ckpt, closing):
+  """The train loop of `run`: checkpoints with `ckpt`, closes via `closing`."""
   config, workdir = session.config, session.workdir
   model, optimizer = session.model, session.optimizer
   start = 0
@@ -438,7 +440,8 @@ def _train(session, ckpt):
       session.kl_coeff = float(meta['kl_coeff'])
     session.alarms.load(meta.get('alarms'))
     logging.info('Resumed from step %d in %s', start, workdir)
-  writer = metrics_lib.create_writer(workdir, config=config)
+  writer = closing.enter_context(
+      metrics_lib.closing(metrics_lib.create_writer(workdir, config=config)))
   if start == 0:
     metrics_lib.write_hparams(writer, config)
   num_steps = config.training.num_steps
@@ -521,13 +524,11 @@ def _train(session, ckpt):
           logging.warning('Stopped after step %s, saved in %s; rerun the '
                           'same command to resume.', step, ckpt.directory)
         ckpt.close()
-        writer.close()
         return {'step': step, 'scalars': scalars, 'eval': None,
                 'preempted': preempted, 'alarms': alarmed}
   if step > start:
     save(ckpt, session, step, force=True)
   final = run_eval(session, writer, step)
   ckpt.close()
-  writer.close()
   return {'step': step, 'scalars': scalars, 'eval': final,
           'preempted': False, 'alarms': []}

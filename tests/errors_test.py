@@ -85,6 +85,11 @@ _TENSORSTORE_FULL = (
     (OSError(errno.ENOSPC, 'No space left on device', '/w/events'),
      ' writing /w/events.'),
     (OSError(errno.ENOSPC, 'No space left on device'), '.'),
+    # What TensorBoard's writer raised (48 KiB tmpfs workdir): a bare path.
+    (ValueError('{{function_node __wrapped__WriteSummary_device_/job:'
+                'localhost/replica:0/task:0/device:CPU:0}} /mnt/full/w/'
+                'events.out.tfevents.1.v2; No space left on device'),
+     ' writing /mnt/full/w/events.out.tfevents.1.v2.'),
 ])
 def test_a_full_disk_is_one_last_line_naming_the_path(error, where,
                                                       capsys, caplog):
@@ -125,9 +130,15 @@ def test_orbax_info_lines_are_quiet_unless_verbose():
   assert not quiet.filter(record(orbax, py_logging.INFO))
   assert quiet.filter(record(orbax, py_logging.WARNING))
   assert quiet.filter(record('/w/agent_tunix/train.py', py_logging.INFO))
-  # Orbax's error lines stay, without their tracebacks; ours keep theirs.
+  # Orbax's and CLU's error lines stay, without their tracebacks; ours
+  # keep theirs; CLU's INFO lines (its progress report) stay.
   error = failed(orbax)
   assert quiet.filter(error) and error.exc_info is None
+  clu = '/venv/site-packages/clu/asynclib.py'
+  error = failed(clu)
+  assert quiet.filter(error) and error.exc_info is None
+  assert quiet.filter(record('/venv/site-packages/clu/platform/local.py',
+                             py_logging.INFO))
   ours = failed('/w/agent_tunix/train.py')
   assert quiet.filter(ours) and ours.exc_info is not None
   before = logging.get_verbosity()

@@ -5,6 +5,7 @@ import os
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import collections  # pylint: disable=g-import-not-at-top
+import errno
 import pathlib
 import time
 
@@ -230,3 +231,35 @@ def test_timer():
   assert done >= 0.02
   time.sleep(0.01)
   assert timer.elapsed == done  # Frozen after the block.
+
+
+class _Writer:
+  """Counts close() calls; its close can fail like a full disk's."""
+
+  def __init__(self, fail=False):
+    self.closed = 0
+    self.fail = fail
+
+  def close(self):
+    self.closed += 1
+    if self.fail:
+      raise OSError(errno.ENOSPC, 'No space left on device')
+
+
+def test_closing_closes_on_every_exit_and_keeps_the_error(caplog):
+  writer = _Writer()
+  with metrics.closing(writer) as w:
+    assert w is writer
+  assert writer.closed == 1
+  # An error in the block: the writer is closed (its queued writes done)
+  # before the error goes on, and a failing close does not replace it.
+  writer = _Writer(fail=True)
+  with pytest.raises(KeyError):
+    with metrics.closing(writer):
+      raise KeyError('a reward function failed')
+  assert writer.closed == 1
+  assert 'Could not finish writing metrics after KeyError' in caplog.text
+  writer = _Writer(fail=True)
+  with pytest.raises(OSError):
+    with metrics.closing(writer):
+      pass
