@@ -6,6 +6,7 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import collections  # pylint: disable=g-import-not-at-top
 import errno
+import logging as py_logging
 import pathlib
 import time
 
@@ -191,7 +192,8 @@ def test_samples_truncation_and_noop():
   assert [s for s, _ in writer.texts] == [2]
 
 
-def test_progress_hook_reports_every_n_steps_and_last():
+def test_progress_hook_reports_every_n_steps_and_last(caplog):
+  caplog.set_level(py_logging.INFO)
   scalars = []
 
   class Recorder(metric_writers.MetricWriter):
@@ -214,6 +216,15 @@ def test_progress_hook_reports_every_n_steps_and_last():
   assert fired == [False, True, False, True, True]
   rates = [(s, v['steps_per_sec']) for s, v in scalars if 'steps_per_sec' in v]
   assert rates == [(2, 2.0), (4, 2.0), (5, 2.0)]
+  assert [s for s, v in scalars if 'uptime' in v] == [2, 4, 5]
+  assert 'notes: 2.0 steps/s, 40.0% (2/5), ETA: 0m' in caplog.text
+  # A 30 s step on CPU: not '0.0 steps/s'.
+  hook = metrics.progress_hook(_small_config(), 200, Recorder())
+  assert not hook(10, t=0.0) and not hook(11, t=30.0)
+  assert hook(12, t=61.0)
+  assert 'notes: 30.5 s/step, 6.0% (12/200), ETA: 1h35m' in caplog.text
+  assert scalars[-1] == (12, {'steps_per_sec': 2 / 61.0,
+                              'uptime': scalars[-1][1]['uptime']})
 
   config = _small_config()
   config.logging.report_every_n_steps = 0
