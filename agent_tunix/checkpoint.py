@@ -811,9 +811,9 @@ class SaveOnError:
   iterator put back to where that step left it; nothing is saved when the
   parameters were mid-update, when `skip(exception)` gives a reason (a
   string, logged; e.g. a divergence, a full disk), or when nothing completed
-  since `start`. `save` must have
-  written the step when it returns (wait for an asynchronous save). A
-  failure of that save is logged, never raised over the original error.
+  since `start`. `save` must have written the step when it returns (wait
+  for an asynchronous save). A failure of that save is logged, never raised
+  over the original error.
   """
 
   def __init__(self, save, data_iter, start, skip=lambda e: None):

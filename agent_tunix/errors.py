@@ -18,9 +18,7 @@ Orbax's and CLU's warnings and errors (the line itself stays), unless the
 verbosity is 1 or more, so the console shows the run's own progress.
 """
 
-import errno
 import logging as py_logging
-import re
 import sys
 
 from absl import flags
@@ -29,6 +27,7 @@ from absl import logging
 from agent_tunix import checkpoint
 from agent_tunix import config_lib
 from agent_tunix import divergence
+from agent_tunix import full_disk
 from agent_tunix import rewards
 from agent_tunix import run_lock
 from agent_tunix.data import gsm8k
@@ -52,48 +51,6 @@ _QUIET_SOURCES = ('/orbax/',)
 # Source paths whose warnings and errors lose their tracebacks at verbosity
 # 0 (CLU's INFO lines stay: its progress report is one).
 _NO_TRACEBACK_SOURCES = ('/orbax/', '/clu/')
-
-
-def _chain(error):
-  """The error and its causes / contexts, outermost first."""
-  seen = []
-  while error is not None and error not in seen:
-    seen.append(error)
-    error = error.__cause__ or error.__context__
-  return seen
-
-
-def no_space_error(error):
-  """The ENOSPC OSError in `error`'s chain (or one saying so), else None."""
-  chain = _chain(error)
-  for e in chain:
-    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-      return e
-  for e in chain:
-    if 'No space left on device' in str(e):
-      return e
-  return None
-
-
-def _written_path(error):
-  """The file or directory a full-disk `error` was writing, or None."""
-  if isinstance(error, OSError) and error.filename:
-    return str(error.filename)
-  text = str(error)
-  quoted = re.search(r'(["\'])((?:/|gs://).+?)\1', text)
-  if quoted:
-    return quoted.group(2)
-  bare = re.search(r'(?:^|\s)((?:/|gs://)[^\s;:\'"]+)', text)
-  return bare.group(1) if bare else None
-
-
-def no_space_message(error):
-  """One line for the full-disk `error` (from `no_space_error`)."""
-  path = _written_path(error)
-  where = f' writing {path}' if path else ''
-  return (f'No space left on device{where}. Free space on that disk (or '
-          'use another --workdir) and rerun the same command: training '
-          'resumes from the newest complete checkpoint.')
 
 
 class _QuietThirdParty(py_logging.Filter):
@@ -130,7 +87,7 @@ def cli(main):
     try:
       return main(argv)
     except Exception as e:  # pylint: disable=broad-exception-caught
-      full = no_space_error(e)
+      full = full_disk.no_space_error(e)
       if full is None and not isinstance(e, USER_ERRORS):
         raise
       if _TRACEBACK.value:
@@ -138,7 +95,7 @@ def cli(main):
       logging.debug('Traceback of the error below:', exc_info=True)
       if full is not None:
         logging.error('Out of disk space: %s', full)
-        shown = no_space_message(full)
+        shown = full_disk.message(full)
       else:
         shown = e
       sys.stderr.write(f'error: {shown}\n')

@@ -43,8 +43,8 @@ from agent_tunix import checkpoint
 from agent_tunix import config_lib
 from agent_tunix import divergence
 from agent_tunix import dynamic_sampling
-from agent_tunix import errors
 from agent_tunix import evaluation
+from agent_tunix import full_disk
 from agent_tunix import grpo
 from agent_tunix import metrics as metrics_lib
 from agent_tunix import models
@@ -468,7 +468,7 @@ def _train(session, ckpt, closing):
   def skip_reason(error):
     if isinstance(error, divergence.DivergenceError):
       return 'the diverged state is not known to be good'
-    if errors.no_space_error(error) is not None:
+    if full_disk.no_space_error(error) is not None:
       return 'the disk is full'
     return None
 

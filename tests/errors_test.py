@@ -12,6 +12,7 @@ from absl import logging
 import pytest
 
 from agent_tunix import errors
+from agent_tunix import full_disk
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -55,10 +56,10 @@ def test_no_space_left_is_found_in_the_chain():
     except OSError as e:
       raise RuntimeError('async save failed') from e
   except RuntimeError as outer:
-    found = errors.no_space_error(outer)
+    found = full_disk.no_space_error(outer)
   assert found is not None and found.errno == errno.ENOSPC
   assert 'No space left on device' in str(found)
-  assert errors.no_space_error(ValueError('other')) is None
+  assert full_disk.no_space_error(ValueError('other')) is None
   # A wrapper quoting the OSError's text is passed over for the OSError.
   try:
     try:
@@ -66,7 +67,7 @@ def test_no_space_left_is_found_in_the_chain():
     except OSError as e:
       raise RuntimeError(f'reward raised {e}') from e
   except RuntimeError as outer:
-    assert errors.no_space_error(outer).errno == errno.ENOSPC
+    assert full_disk.no_space_error(outer).errno == errno.ENOSPC
 
 
 # What an Orbax save on a full disk raised (tiny run, 1 MiB tmpfs workdir).

@@ -21,7 +21,7 @@ import pytest
 
 from agent_tunix import checkpoint
 from agent_tunix import divergence
-from agent_tunix import errors
+from agent_tunix import full_disk
 from agent_tunix import run_config
 from agent_tunix import train
 from configs import tiny
@@ -125,13 +125,13 @@ def test_a_full_disk_saves_nothing_more_and_says_so(tmp_path):
   })
   with pytest.raises(Exception) as error:
     train.train_and_evaluate(config, workdir)
-  full = errors.no_space_error(error.value)
+  full = full_disk.no_space_error(error.value)
   assert full is not None, error.value
   # Step 2 (the periodic save) is kept whole; step 3 completed, but with
   # the disk full no save of it is tried (it would only leave a partial
   # step and more errors behind).
   assert sorted(p.name for p in (tmp_path / 'checkpoints').iterdir()) == ['2']
-  assert errors.no_space_message(full).startswith(
+  assert full_disk.message(full).startswith(
       'No space left on device writing /w/scores.json. Free space')
 
 
