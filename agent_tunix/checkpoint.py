@@ -355,9 +355,13 @@ class Checkpointer:
           f'checkpoint.max_to_keep must be >= 1, got {config.max_to_keep}.'
       )
     self.directory = epath.Path(workdir) / CHECKPOINT_SUBDIR
+    # A reader saves and deletes nothing: saying so up front spares two
+    # Orbax warnings ('read_only=True, setting ...') on every evaluate.
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=config.max_to_keep,
-        save_decision_policy=_save_policy(config.save_interval_steps),
+        max_to_keep=None if read_only else config.max_to_keep,
+        save_interval_steps=0 if read_only else 1,
+        save_decision_policy=(None if read_only
+                              else _save_policy(config.save_interval_steps)),
         enable_async_checkpointing=config.async_save,
         create=not read_only,
         read_only=read_only,

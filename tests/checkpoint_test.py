@@ -356,6 +356,22 @@ def test_restore_named_step_and_lora_only(tmp_path):
   ckpt.close()
 
 
+def test_read_only_restores_creates_nothing_and_warns_nothing(tmp_path,
+                                                             caplog):
+  _save_steps(str(tmp_path), [1, 2])
+  before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob('*'))
+  ckpt = checkpoint.Checkpointer(str(tmp_path), _config(), read_only=True)
+  assert ckpt.restore(checkpoint.lora_state(TinyLora(seed=7))).step == 2
+  ckpt.close()
+  assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob('*')) == before
+  assert 'read_only=True, setting' not in caplog.text
+  ckpt = checkpoint.Checkpointer(str(tmp_path / 'none'), _config(),
+                                 read_only=True)
+  assert ckpt.restore({}) is None
+  ckpt.close()
+  assert not (tmp_path / 'none').exists()
+
+
 def test_reserved_meta_key_and_bad_config(tmp_path):
   model, optimizer = _make()
   ckpt = checkpoint.Checkpointer(str(tmp_path), _config())
