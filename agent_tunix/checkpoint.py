@@ -39,6 +39,13 @@ above the restored one to `<checkpoints>/damaged-step-<N>-<UTC time>/`
 (kept for inspection, never read again, not counted by max_to_keep), so the
 rerun saves its own step N again. Readers (evaluate, export, generate) only
 restore and never move anything.
+A failed restore leaves Orbax's other reads of that step in flight: when
+they end, their callbacks find Orbax's event loop closed and Python would
+print a traceback for each ('Event loop is closed', 'Exception ignored in:
+<coroutine ...>', ~46 per failure). The warning above already names the
+step and its error, so `restore` installs a `sys.unraisablehook` that drops
+exactly those two kinds (logged at verbosity 1) and passes any other
+unraisable error on to the previous hook.
 If no step can be restored it raises `RestoreError` listing every failure;
 only an empty checkpoint directory gives None. On several processes, a step
 counts as restored only if it restored on every process, so all processes
@@ -75,6 +82,7 @@ error goes on, unless the parameters were mid-update.
 
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, NamedTuple
@@ -98,6 +106,51 @@ DAMAGED_PREFIX = 'damaged-step-'
 
 class RestoreError(RuntimeError):
   """No checkpoint step could be restored."""
+
+
+def _is_abandoned_read(unraisable):
+  """Whether an unraisable error is the aftermath of a failed Orbax read.
+
+  Two kinds (see the module docstring): a TensorStore read finishing after
+  Orbax closed its event loop (RuntimeError raised by the loop's
+  call_soon_threadsafe, called from C: no Python frame above it), and an
+  Orbax read coroutine that raised as it was thrown away unfinished.
+
+  Args:
+    unraisable: The sys.UnraisableHookArgs.
+  """
+  error = unraisable.exc_value
+  if (isinstance(error, RuntimeError)
+      and str(error) == 'Event loop is closed'
+      and unraisable.exc_traceback is not None
+      and unraisable.exc_traceback.tb_frame.f_code.co_name
+      == 'call_soon_threadsafe'):
+    return True
+  code = getattr(unraisable.object, 'cr_code', None)
+  path = getattr(code, 'co_filename', '').replace('\\', '/')
+  return '/orbax/checkpoint/' in path
+
+
+def _drop_abandoned_reads(previous):
+  """A sys.unraisablehook: drops `_is_abandoned_read` errors, else previous."""
+
+  def hook(unraisable):
+    if _is_abandoned_read(unraisable):
+      logging.debug('Late error of an abandoned checkpoint read (its '
+                    'restore already failed): %s: %s',
+                    type(unraisable.exc_value).__name__,
+                    _shorten(str(unraisable.exc_value)))
+      return
+    previous(unraisable)
+
+  hook.drops_abandoned_reads = True
+  return hook
+
+
+def quiet_abandoned_reads():
+  """Installs `_drop_abandoned_reads` as sys.unraisablehook (once)."""
+  if not getattr(sys.unraisablehook, 'drops_abandoned_reads', False):
+    sys.unraisablehook = _drop_abandoned_reads(sys.unraisablehook)
 
 
 class Restored(NamedTuple):
@@ -302,9 +355,13 @@ class Checkpointer:
           f'checkpoint.max_to_keep must be >= 1, got {config.max_to_keep}.'
       )
     self.directory = epath.Path(workdir) / CHECKPOINT_SUBDIR
+    # A reader saves and deletes nothing: saying so up front spares two
+    # Orbax warnings ('read_only=True, setting ...') on every evaluate.
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=config.max_to_keep,
-        save_decision_policy=_save_policy(config.save_interval_steps),
+        max_to_keep=None if read_only else config.max_to_keep,
+        save_interval_steps=0 if read_only else 1,
+        save_decision_policy=(None if read_only
+                              else _save_policy(config.save_interval_steps)),
         enable_async_checkpointing=config.async_save,
         create=not read_only,
         read_only=read_only,
@@ -322,6 +379,7 @@ class Checkpointer:
     # Steps that failed in the last `restore`, as {step: error message}.
     self.failed_steps = {}
     self._saved_steps = set()
+    self._closed = False
 
   def all_steps(self):
     """Returns the steps on disk, ascending (damaged ones included)."""
@@ -460,6 +518,7 @@ class Checkpointer:
       RestoreError: if no step (or the requested `step`) can be restored.
     """
     self.failed_steps = {}
+    quiet_abandoned_reads()
     self._manager.reload()
     steps = self.all_steps()
     if not steps:
@@ -557,8 +616,30 @@ class Checkpointer:
     self._manager.wait_until_finished()
 
   def close(self):
-    """Waits for pending saves and releases the manager."""
-    self._manager.close()
+    """Waits for pending saves and releases the manager (once)."""
+    if not self._closed:
+      self._closed = True
+      self._manager.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, kind, error, traceback):
+    """Closes; when leaving on an error, a failing close is only logged.
+
+    A process that exits on an error does not wait for Orbax's background
+    writes: a step being saved asynchronously would be left as a
+    `<step>.orbax-checkpoint-tmp` directory, and lost.
+    """
+    if error is None:
+      self.close()
+      return False
+    try:
+      self.close()
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      logging.error('Could not finish writing checkpoints after %s: %s',
+                    kind.__name__, e)
+    return False
 
 
 def steps_on_disk(workdir):
@@ -732,12 +813,14 @@ class SaveOnError:
   from a second Ctrl-C, ...) leaves the block, the last completed step is
   saved with `save(step)` before the exception goes on, with the data
   iterator put back to where that step left it; nothing is saved when the
-  parameters were mid-update or when `skip(exception)` is true (e.g. a
-  divergence), or when nothing completed since `start`. A failure of that
-  save is logged, never raised over the original error.
+  parameters were mid-update, when `skip(exception)` gives a reason (a
+  string, logged; e.g. a divergence, a full disk), or when nothing completed
+  since `start`. `save` must have written the step when it returns (wait
+  for an asynchronous save). A failure of that save is logged, never raised
+  over the original error.
   """
 
-  def __init__(self, save, data_iter, start, skip=lambda e: False):
+  def __init__(self, save, data_iter, start, skip=lambda e: None):
     self._save = save
     self._data_iter = data_iter
     self._skip = skip
@@ -763,9 +846,10 @@ class SaveOnError:
   def __exit__(self, kind, error, traceback):
     if error is None or self._done <= self._start:
       return False
-    if self._updating or self._skip(error):
-      logging.warning('Not saving after %s: the state after step %s is not '
-                      'known to be good.', kind.__name__, self._done)
+    reason = (f'the state after step {self._done} is not known to be good'
+              if self._updating else self._skip(error))
+    if reason:
+      logging.warning('Not saving after %s: %s.', kind.__name__, reason)
       return False
     try:
       if self._data_state is not None:

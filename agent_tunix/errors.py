@@ -4,18 +4,20 @@
 
   * a user error (a bad config, a workdir in use, a run that diverged, a
     checkpoint that cannot be restored, a missing file, a bad data row, a
-    failing reward function) prints one line, `error: <message>`, on stderr and exits with
-    status 1; its traceback goes to the log at verbosity 1 (`-v 1`), or is
-    raised whole with `--traceback`;
-  * an error caused by a full disk ends with `error: No space left on
-    device ...` as its last line, whatever wrapped it;
+    failing reward function) prints one line, `error: <message>`, on
+    stderr and exits with status 1; its traceback goes to the log at
+    verbosity 1 (`-v 1`), or is raised whole with `--traceback`;
+  * an error caused by a full disk, whatever wrapped it (an OSError, or
+    TensorStore's RESOURCE_EXHAUSTED from inside an Orbax save), logs the
+    original message and ends with one line: `error: No space left on
+    device writing <path>.` and what to do;
   * anything else (a bug) raises with its full traceback, as before.
 
-It also drops INFO lines of Orbax from the log unless the verbosity is 1 or
-more, so the console shows the run's own progress.
+It also drops INFO lines of Orbax from the log, and the tracebacks of
+Orbax's and CLU's warnings and errors (the line itself stays), unless the
+verbosity is 1 or more, so the console shows the run's own progress.
 """
 
-import errno
 import logging as py_logging
 import sys
 
@@ -25,6 +27,7 @@ from absl import logging
 from agent_tunix import checkpoint
 from agent_tunix import config_lib
 from agent_tunix import divergence
+from agent_tunix import full_disk
 from agent_tunix import rewards
 from agent_tunix import run_lock
 from agent_tunix.data import gsm8k
@@ -45,40 +48,32 @@ USER_ERRORS = (
 )
 # Loggers' source paths whose INFO lines are dropped at verbosity 0.
 _QUIET_SOURCES = ('/orbax/',)
-
-
-def _chain(error):
-  """The error and its causes / contexts, outermost first."""
-  seen = []
-  while error is not None and error not in seen:
-    seen.append(error)
-    error = error.__cause__ or error.__context__
-  return seen
-
-
-def no_space_error(error):
-  """The ENOSPC OSError in `error`'s chain (or one saying so), else None."""
-  for e in _chain(error):
-    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-      return e
-    if 'No space left on device' in str(e):
-      return e
-  return None
+# Source paths whose warnings and errors lose their tracebacks at verbosity
+# 0 (CLU's INFO lines stay: its progress report is one).
+_NO_TRACEBACK_SOURCES = ('/orbax/', '/clu/')
 
 
 class _QuietThirdParty(py_logging.Filter):
+  """Quiets third-party logs at verbosity 0.
+
+  Orbax's INFO lines go; Orbax's and CLU's warnings and errors stay, one
+  line each, without their tracebacks (~30 lines each: e.g. every writer
+  thread of a save, or every metrics flush, on a full disk).
+  """
 
   def filter(self, record):
-    if record.levelno >= py_logging.WARNING:
-      return True
     if logging.get_verbosity() >= logging.DEBUG:
       return True
     path = record.pathname.replace('\\', '/')
-    return not any(source in path for source in _QUIET_SOURCES)
+    if record.levelno < py_logging.WARNING:
+      return not any(source in path for source in _QUIET_SOURCES)
+    if any(source in path for source in _NO_TRACEBACK_SOURCES):
+      record.exc_info, record.exc_text = None, None
+    return True
 
 
 def quiet_third_party_logs():
-  """Drops Orbax's INFO log lines unless the verbosity is >= 1."""
+  """Quiets Orbax's log (see _QuietThirdParty) unless the verbosity is >= 1."""
   handler = logging.get_absl_handler()
   if not any(isinstance(f, _QuietThirdParty) for f in handler.filters):
     handler.addFilter(_QuietThirdParty())
@@ -92,13 +87,17 @@ def cli(main):
     try:
       return main(argv)
     except Exception as e:  # pylint: disable=broad-exception-caught
-      full = no_space_error(e)
+      full = full_disk.no_space_error(e)
       if full is None and not isinstance(e, USER_ERRORS):
         raise
       if _TRACEBACK.value:
         raise
       logging.debug('Traceback of the error below:', exc_info=True)
-      shown = full if full is not None else e
+      if full is not None:
+        logging.error('Out of disk space: %s', full)
+        shown = full_disk.message(full)
+      else:
+        shown = e
       sys.stderr.write(f'error: {shown}\n')
       sys.stderr.flush()
       sys.exit(1)

@@ -17,11 +17,14 @@ to its own absl log. A typical loop:
   writer.close()
 """
 
+import contextlib
 import re
 import time
 
+from absl import logging
 from clu import metric_writers
 from clu import periodic_actions
+from clu import platform
 import jax
 import ml_collections
 import numpy as np
@@ -59,6 +62,26 @@ def create_writer(workdir, asynchronous=True, config=None):
         [writer, wandb_writer.create(config.logging, workdir)]
     )
   return writer
+
+
+@contextlib.contextmanager
+def closing(writer):
+  """Closes `writer` however the block ends; on an error, quietly.
+
+  Closing waits for an asynchronous writer's queued writes, so that none of
+  their errors is logged after the error that ends the run is reported. On
+  an error, a failing close is logged and the block's error goes on.
+  """
+  try:
+    yield writer
+  except BaseException as error:
+    try:
+      writer.close()
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      logging.error('Could not finish writing metrics after %s: %s',
+                    type(error).__name__, e)
+    raise
+  writer.close()
 
 
 def _hparam_value(value):
@@ -138,15 +161,43 @@ def check_finite(step, scalars, hint=NON_FINITE_HINT):
   return values
 
 
+def _duration(seconds):
+  """'1h05m' / '7m' (whole minutes), like CLU's ETA."""
+  hours, minutes = divmod(int(seconds // 60), 60)
+  return f'{hours}h{minutes:02d}m' if hours else f'{minutes}m'
+
+
+class _Progress(periodic_actions.ReportProgress):
+  """CLU's ReportProgress, with a pace that reads true for slow steps.
+
+  CLU writes the rate with one decimal: a 30 s step is '0.0 steps/s'. Below
+  one step per second this says '30.0 s/step' instead.
+  """
+
+  def _apply(self, step, t):
+    seconds_per_step = (t - self._previous_time) / (step - self._previous_step)
+    steps_per_sec = 1 / seconds_per_step
+    pace = (f'{steps_per_sec:.1f} steps/s' if steps_per_sec >= 1
+            else f'{seconds_per_step:.1f} s/step')
+    total = self._num_train_steps
+    note = (f'{pace}, {100 * step / total:.1f}% ({step}/{total}), ETA: '
+            f'{_duration((total - step) * seconds_per_step)}')
+    platform.work_unit().set_notes(note)
+    if self._writer is not None:
+      self._writer.write_scalars(step, {
+          'steps_per_sec': steps_per_sec,
+          'uptime': time.monotonic() - self._t0,
+      })
+
+
 def progress_hook(config, num_steps, writer):
   """Returns a CLU ReportProgress hook: call it with the step after each step.
 
-  It logs steps/s, percent done and ETA every
-  config.logging.report_every_n_steps steps (and at `num_steps`) and writes
-  'steps_per_sec' and 'uptime' scalars. Call it after every step, with
-  consecutive steps; the first call only starts the clock (so after a resume
-  the rate is measured from the first new step). `hook.timed(name)` breaks the
-  time down by phase in the report.
+  It logs the pace (steps/s, or s/step when slower than one step a second),
+  percent done and ETA every config.logging.report_every_n_steps steps (and
+  at `num_steps`) and writes 'steps_per_sec' and 'uptime' scalars. Call it
+  after every step, with consecutive steps; the first call only starts the
+  clock (so after a resume the pace is measured from the first new step).
 
   Raises:
     ValueError: if logging.report_every_n_steps < 1.
@@ -156,7 +207,7 @@ def progress_hook(config, num_steps, writer):
     raise ValueError(
         f'logging.report_every_n_steps must be >= 1, got {every}.'
     )
-  return periodic_actions.ReportProgress(
+  return _Progress(
       num_train_steps=num_steps,
       writer=writer,
       every_steps=every,

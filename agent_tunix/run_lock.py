@@ -17,7 +17,12 @@ with O_CREAT | O_EXCL, so of two runs starting together exactly one gets
 it. On gs:// (no exclusive create through tf.io.gfile / epath) the lock is
 written, then read back after `_SETTLE_S` seconds and kept only if it is
 still ours: a run started while another holds the lock is always refused,
-but two runs started within about a second of each other may both pass.
+and of two runs that both found no lock the one overwritten before its
+read-back is refused; but a run taking more than `_SETTLE_S` between
+finding no lock and writing its own can overwrite a lock the other has
+already read back, and both go on. A live run whose heartbeat stops for
+`STALE_AFTER_S` (a suspended VM) loses its lock to the next start, on any
+file system.
 
 Multi-host runs: only process 0 takes the lock; the others learn the result
 from it, so every process refuses together.

@@ -29,6 +29,7 @@ decision to draw more prompts and assemble their share of the chosen groups
 (`rollout_dynamic`, dynamic_sampling.py).
 """
 
+import contextlib
 import dataclasses
 import time
 
@@ -43,6 +44,7 @@ from agent_tunix import config_lib
 from agent_tunix import divergence
 from agent_tunix import dynamic_sampling
 from agent_tunix import evaluation
+from agent_tunix import full_disk
 from agent_tunix import grpo
 from agent_tunix import metrics as metrics_lib
 from agent_tunix import models
@@ -416,9 +418,18 @@ def train_and_evaluate(config, workdir):
 
 def run(session):
   """`train_and_evaluate` on a session already built by `setup`."""
+  ckpt = checkpoint.Checkpointer(session.workdir, session.config.checkpoint)
+  # However the loop ends (an error included), the checkpoint being written
+  # in the background and the queued metrics are finished before this
+  # returns or raises.
+  with ckpt, contextlib.ExitStack() as closing:
+    return _train(session, ckpt, closing)
+
+
+def _train(session, ckpt, closing):
+  """The train loop of `run`: checkpoints with `ckpt`, closes via `closing`."""
   config, workdir = session.config, session.workdir
   model, optimizer = session.model, session.optimizer
-  ckpt = checkpoint.Checkpointer(workdir, config.checkpoint)
   start = 0
   session.alarms = alarms_lib.Monitor(config)
   restored = ckpt.restore_into(model, optimizer, session.train_iter)
@@ -429,7 +440,8 @@ def run(session):
       session.kl_coeff = float(meta['kl_coeff'])
     session.alarms.load(meta.get('alarms'))
     logging.info('Resumed from step %d in %s', start, workdir)
-  writer = metrics_lib.create_writer(workdir, config=config)
+  writer = closing.enter_context(
+      metrics_lib.closing(metrics_lib.create_writer(workdir, config=config)))
   if start == 0:
     metrics_lib.write_hparams(writer, config)
   num_steps = config.training.num_steps
@@ -448,9 +460,20 @@ def run(session):
     run_eval(session, writer, 0)
   scalars = {}
   step = start
-  keeper = checkpoint.SaveOnError(
-      lambda done: save(ckpt, session, done, force=True), session.train_iter,
-      start, skip=lambda e: isinstance(e, divergence.DivergenceError))
+
+  def save_now(done):
+    save(ckpt, session, done, force=True)
+    ckpt.wait()  # Written before SaveOnError says so; the error goes on.
+
+  def skip_reason(error):
+    if isinstance(error, divergence.DivergenceError):
+      return 'the diverged state is not known to be good'
+    if full_disk.no_space_error(error) is not None:
+      return 'the disk is full'
+    return None
+
+  keeper = checkpoint.SaveOnError(save_now, session.train_iter, start,
+                                  skip=skip_reason)
   with guard, keeper:
     for step in range(start + 1, num_steps + 1):
       keeper.begin(step)
@@ -501,13 +524,11 @@ def run(session):
           logging.warning('Stopped after step %s, saved in %s; rerun the '
                           'same command to resume.', step, ckpt.directory)
         ckpt.close()
-        writer.close()
         return {'step': step, 'scalars': scalars, 'eval': None,
                 'preempted': preempted, 'alarms': alarmed}
   if step > start:
     save(ckpt, session, step, force=True)
   final = run_eval(session, writer, step)
   ckpt.close()
-  writer.close()
   return {'step': step, 'scalars': scalars, 'eval': final,
           'preempted': False, 'alarms': []}

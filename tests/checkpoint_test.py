@@ -4,12 +4,14 @@ import os
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
-import pathlib  # pylint: disable=g-import-not-at-top
+import asyncio  # pylint: disable=g-import-not-at-top
+import pathlib
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+import types
 from unittest import mock
 
 from flax import nnx
@@ -354,6 +356,22 @@ def test_restore_named_step_and_lora_only(tmp_path):
   ckpt.close()
 
 
+def test_read_only_restores_creates_nothing_and_warns_nothing(tmp_path,
+                                                             caplog):
+  _save_steps(str(tmp_path), [1, 2])
+  before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob('*'))
+  ckpt = checkpoint.Checkpointer(str(tmp_path), _config(), read_only=True)
+  assert ckpt.restore(checkpoint.lora_state(TinyLora(seed=7))).step == 2
+  ckpt.close()
+  assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob('*')) == before
+  assert 'read_only=True, setting' not in caplog.text
+  ckpt = checkpoint.Checkpointer(str(tmp_path / 'none'), _config(),
+                                 read_only=True)
+  assert ckpt.restore({}) is None
+  ckpt.close()
+  assert not (tmp_path / 'none').exists()
+
+
 def test_reserved_meta_key_and_bad_config(tmp_path):
   model, optimizer = _make()
   ckpt = checkpoint.Checkpointer(str(tmp_path), _config())
@@ -488,6 +506,115 @@ def test_sharded_save_restores_into_other_sharding(tmp_path):
       cwd=root, capture_output=True, text=True, timeout=300, check=False,
   )
   assert 'SHARDED_OK' in result.stdout, result.stderr[-3000:]
+
+
+_ABANDONED_READS_SCRIPT = textwrap.dedent("""
+    import pathlib, sys
+    import grain, jax, numpy as np, ml_collections
+    from agent_tunix import checkpoint
+
+    def tree(seed):
+      rng = np.random.default_rng(seed)
+      return {f'w{i}': jax.numpy.asarray(rng.normal(size=(64, 8)), 'float32')
+              for i in range(32)}
+
+    def data_iter():
+      return iter(grain.MapDataset.range(10).to_iter_dataset())
+
+    cfg = ml_collections.ConfigDict(
+        dict(save_interval_steps=1, max_to_keep=5, async_save=False))
+    ckpt = checkpoint.Checkpointer(sys.argv[1], cfg)
+    it = data_iter()
+    for step in (1, 2):
+      next(it)
+      assert ckpt.save(step, tree(step), {'n': np.zeros(2)}, it, {})
+    ckpt.close()
+    lora = pathlib.Path(sys.argv[1]) / 'checkpoints' / '2' / 'lora'
+    largest = max((p for p in lora.rglob('*') if p.is_file()),
+                  key=lambda p: p.stat().st_size)
+    assert largest.stat().st_size > 30000, largest
+    largest.write_bytes(largest.read_bytes()[:100])
+    ckpt = checkpoint.Checkpointer(sys.argv[1], cfg)
+    restored = ckpt.restore(tree(0), {'n': np.zeros(2)}, data_iter())
+    assert restored.step == 1 and list(ckpt.failed_steps) == [2]
+    ckpt.close()
+    print('RESTORED', restored.step)
+""")
+
+
+def test_failed_restore_prints_no_tracebacks(tmp_path):
+  # The 32 reads of step 2 are in flight when one fails; without the hook,
+  # the rest print ~50 'Event loop is closed' / 'Exception ignored in:
+  # <coroutine ...>' tracebacks.
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  root = pathlib.Path(__file__).resolve().parents[1]
+  result = subprocess.run(
+      [sys.executable, '-c', _ABANDONED_READS_SCRIPT, str(tmp_path)], env=env,
+      cwd=root, capture_output=True, text=True, timeout=300, check=False,
+  )
+  output = result.stdout + result.stderr
+  assert 'RESTORED 1' in result.stdout, output[-3000:]
+  assert 'Checkpoint step 2' in output and 'could not be restored' in output
+  for noise in ('Event loop is closed', 'Traceback', 'Exception ignored'):
+    assert noise not in output, output[-3000:]
+
+
+def _unraisable(error, obj=None):
+  """Like sys.UnraisableHookArgs, for `error` raised here (with traceback)."""
+  try:
+    raise error
+  except type(error) as e:
+    return types.SimpleNamespace(exc_type=type(e), exc_value=e,
+                                 exc_traceback=e.__traceback__, err_msg=None,
+                                 object=obj)
+
+
+def test_abandoned_read_hook_passes_other_errors_on(monkeypatch):
+  seen = []
+  monkeypatch.setattr(sys, 'unraisablehook', seen.append)
+  checkpoint.quiet_abandoned_reads()
+  hook = sys.unraisablehook
+  checkpoint.quiet_abandoned_reads()
+  assert sys.unraisablehook is hook  # Installed once, not wrapped again.
+  # Raised by our code, not by the loop's call_soon_threadsafe: kept.
+  closed = _unraisable(RuntimeError('Event loop is closed'))
+  hook(closed)
+
+  async def not_orbax():
+    pass
+
+  coroutine = not_orbax()
+  other = _unraisable(ValueError('x'), obj=coroutine)
+  hook(other)
+  coroutine.close()
+  assert seen == [closed, other]
+  # What a TensorStore callback into a closed loop raises: dropped.
+  loop = asyncio.new_event_loop()
+  loop.close()
+  try:
+    loop.call_soon_threadsafe(print)
+  except RuntimeError as e:
+    hook(types.SimpleNamespace(exc_type=RuntimeError, exc_value=e,
+                               exc_traceback=e.__traceback__.tb_next,
+                               err_msg=None, object=None))
+  assert seen == [closed, other]
+
+
+def test_leaving_on_an_error_finishes_the_background_write(tmp_path):
+  # A process exiting on an error does not wait for Orbax's background
+  # thread; `with ckpt:` does, so no '1.orbax-checkpoint-tmp' is left.
+  ckpt = checkpoint.Checkpointer(str(tmp_path), _config(async_save=True))
+  tree = {'w': jnp.ones((2048, 2048), jnp.float32)}  # 16 MB: a slow write.
+  with pytest.raises(KeyError):
+    with ckpt:
+      assert ckpt.save(1, tree, {'n': jnp.zeros(2)}, _data_iter(), {})
+      raise KeyError('a reward function failed')
+  assert [p.name for p in (tmp_path / 'checkpoints').iterdir()] == ['1']
+  ckpt.close()  # A second close does nothing.
+  ckpt = checkpoint.Checkpointer(str(tmp_path), _config())
+  restored = ckpt.restore({'w': jnp.zeros((2048, 2048), jnp.float32)})
+  np.testing.assert_array_equal(np.asarray(restored.lora_state['w']), 1.0)
+  ckpt.close()
 
 
 def test_damaged_steps_set_aside_and_saved_anew(tmp_path, caplog):

@@ -21,6 +21,7 @@ import pytest
 
 from agent_tunix import checkpoint
 from agent_tunix import divergence
+from agent_tunix import full_disk
 from agent_tunix import run_config
 from agent_tunix import train
 from configs import tiny
@@ -94,13 +95,15 @@ def test_crash_inside_a_step_saves_the_last_completed_step(tmp_path):
   config = _config(**{
       'training.num_steps': 6,
       'checkpoint.save_interval_steps': 0,
-      'checkpoint.async_save': False,
+      'checkpoint.async_save': True,
       'rewards.functions': 'format_approx=1,'
                            'reward_fixtures:fail_on_third_call=1',
   })
   with pytest.raises(RuntimeError, match='reward server went away'):
     train.train_and_evaluate(config, workdir)
-  assert _steps(workdir) == [2]
+  # Written when the error comes out (a process exiting on it does not wait
+  # for Orbax's background write): no '2.orbax-checkpoint-tmp' left.
+  assert sorted(p.name for p in (tmp_path / 'checkpoints').iterdir()) == ['2']
   # The saved data position is after step 2's batch (not step 3's): the
   # resumed run reads the batch the crashed step read.
   session = train.setup(config, str(tmp_path / 'fresh'))
@@ -109,6 +112,27 @@ def test_crash_inside_a_step_saves_the_last_completed_step(tmp_path):
   saved = json.loads(
       (tmp_path / 'checkpoints/2/data/process_0-of-1.json').read_text())
   assert saved == json.loads(json.dumps(session.train_iter.get_state()))
+
+
+def test_a_full_disk_saves_nothing_more_and_says_so(tmp_path):
+  workdir = str(tmp_path)
+  reward_fixtures.CALLS['disk_full_on_fourth_call'] = 0
+  config = _config(**{
+      'training.num_steps': 6,
+      'checkpoint.save_interval_steps': 2,
+      'rewards.functions': 'format_approx=1,'
+                           'reward_fixtures:disk_full_on_fourth_call=1',
+  })
+  with pytest.raises(Exception) as error:
+    train.train_and_evaluate(config, workdir)
+  full = full_disk.no_space_error(error.value)
+  assert full is not None, error.value
+  # Step 2 (the periodic save) is kept whole; step 3 completed, but with
+  # the disk full no save of it is tried (it would only leave a partial
+  # step and more errors behind).
+  assert sorted(p.name for p in (tmp_path / 'checkpoints').iterdir()) == ['2']
+  assert full_disk.message(full).startswith(
+      'No space left on device writing /w/scores.json. Free space')
 
 
 def _wait_for(path, text, proc, deadline):

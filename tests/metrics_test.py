@@ -5,6 +5,8 @@ import os
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import collections  # pylint: disable=g-import-not-at-top
+import errno
+import logging as py_logging
 import pathlib
 import time
 
@@ -190,7 +192,8 @@ def test_samples_truncation_and_noop():
   assert [s for s, _ in writer.texts] == [2]
 
 
-def test_progress_hook_reports_every_n_steps_and_last():
+def test_progress_hook_reports_every_n_steps_and_last(caplog):
+  caplog.set_level(py_logging.INFO)
   scalars = []
 
   class Recorder(metric_writers.MetricWriter):
@@ -213,6 +216,15 @@ def test_progress_hook_reports_every_n_steps_and_last():
   assert fired == [False, True, False, True, True]
   rates = [(s, v['steps_per_sec']) for s, v in scalars if 'steps_per_sec' in v]
   assert rates == [(2, 2.0), (4, 2.0), (5, 2.0)]
+  assert [s for s, v in scalars if 'uptime' in v] == [2, 4, 5]
+  assert 'notes: 2.0 steps/s, 40.0% (2/5), ETA: 0m' in caplog.text
+  # A 30 s step on CPU: not '0.0 steps/s'.
+  hook = metrics.progress_hook(_small_config(), 200, Recorder())
+  assert not hook(10, t=0.0) and not hook(11, t=30.0)
+  assert hook(12, t=61.0)
+  assert 'notes: 30.5 s/step, 6.0% (12/200), ETA: 1h35m' in caplog.text
+  assert scalars[-1] == (12, {'steps_per_sec': 2 / 61.0,
+                              'uptime': scalars[-1][1]['uptime']})
 
   config = _small_config()
   config.logging.report_every_n_steps = 0
@@ -230,3 +242,35 @@ def test_timer():
   assert done >= 0.02
   time.sleep(0.01)
   assert timer.elapsed == done  # Frozen after the block.
+
+
+class _Writer:
+  """Counts close() calls; its close can fail like a full disk's."""
+
+  def __init__(self, fail=False):
+    self.closed = 0
+    self.fail = fail
+
+  def close(self):
+    self.closed += 1
+    if self.fail:
+      raise OSError(errno.ENOSPC, 'No space left on device')
+
+
+def test_closing_closes_on_every_exit_and_keeps_the_error(caplog):
+  writer = _Writer()
+  with metrics.closing(writer) as w:
+    assert w is writer
+  assert writer.closed == 1
+  # An error in the block: the writer is closed (its queued writes done)
+  # before the error goes on, and a failing close does not replace it.
+  writer = _Writer(fail=True)
+  with pytest.raises(KeyError):
+    with metrics.closing(writer):
+      raise KeyError('a reward function failed')
+  assert writer.closed == 1
+  assert 'Could not finish writing metrics after KeyError' in caplog.text
+  writer = _Writer(fail=True)
+  with pytest.raises(OSError):
+    with metrics.closing(writer):
+      pass

@@ -5,6 +5,7 @@ pytest puts tests/ on sys.path (the directory has no __init__.py), so
 that start subprocesses add tests/ to their PYTHONPATH.
 """
 
+import errno
 import functools
 
 import numpy as np
@@ -71,7 +72,7 @@ def embedding_side(prompts, completions, completion_tokens, **unused):
           for t in completion_tokens]
 
 
-CALLS = {'fail_on_third_call': 0}
+CALLS = {'fail_on_third_call': 0, 'disk_full_on_fourth_call': 0}
 
 
 def fail_on_third_call(prompts, completions, **unused):
@@ -79,4 +80,12 @@ def fail_on_third_call(prompts, completions, **unused):
   CALLS['fail_on_third_call'] += 1
   if CALLS['fail_on_third_call'] == 3:
     raise RuntimeError('fail_on_third_call: reward server went away')
+  return text_length(prompts, completions, **unused)
+
+
+def disk_full_on_fourth_call(prompts, completions, **unused):
+  """Scores like text_length; its fourth call (step 4) finds a full disk."""
+  CALLS['disk_full_on_fourth_call'] += 1
+  if CALLS['disk_full_on_fourth_call'] == 4:
+    raise OSError(errno.ENOSPC, 'No space left on device', '/w/scores.json')
   return text_length(prompts, completions, **unused)
