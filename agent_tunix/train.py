@@ -529,6 +529,5 @@ def _train(session, ckpt, closing):
   if step > start:
     save(ckpt, session, step, force=True)
   final = run_eval(session, writer, step)
-  ckpt.close()
   return {'step': step, 'scalars': scalars, 'eval': final,
           'preempted': False, 'alarms': []}
