@@ -22,12 +22,12 @@ from absl import logging
 from etils import epath
 import numpy as np
 
-from agent_tunix import evaluation
 from agent_tunix import export as export_lib
-from agent_tunix import run_lock
-from agent_tunix import train as train_lib
 from agent_tunix.data import pipeline
 from agent_tunix.data import prompts
+from agent_tunix.rl import evaluation
+from agent_tunix.run import lock as run_lock
+from agent_tunix.run import train as train_lib
 
 
 def prepare(config, workdir=None):

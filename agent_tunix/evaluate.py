@@ -20,10 +20,11 @@ from absl import flags
 from etils import epath
 from ml_collections import config_flags
 
-from agent_tunix import checkpoint
-from agent_tunix import errors
-from agent_tunix import evaluation
-from agent_tunix import train
+from agent_tunix import cli
+from agent_tunix.rl import evaluation
+from agent_tunix.run import checkpoint
+from agent_tunix.run import errors
+from agent_tunix.run import train
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file (a get_config() module).', lock_config=True
@@ -78,4 +79,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(errors.cli(main))
+  cli.run(errors.cli(main))

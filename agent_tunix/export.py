@@ -69,16 +69,17 @@ import safetensors.numpy
 from sentencepiece import sentencepiece_model_pb2
 from tunix.models.gemma3 import model as model_lib
 
-from agent_tunix import checkpoint
-from agent_tunix import config_lib
+from agent_tunix import cli
 from agent_tunix import models
-from agent_tunix import rollout
-from agent_tunix import sharding
+from agent_tunix.config import validation
 from agent_tunix.data import prompts
 from agent_tunix.models import gemma
 from agent_tunix.models import gguf as gguf_lib
 from agent_tunix.models import lora
 from agent_tunix.models import tokenizer as tokenizer_lib
+from agent_tunix.rl import rollout
+from agent_tunix.run import checkpoint
+from agent_tunix.tpu import sharding
 
 FORMATS = ('peft', 'merged', 'gguf')
 GGUF_DTYPES = ('f32', 'f16', 'q8_0')
@@ -265,7 +266,7 @@ def load_policy(config, workdir=None, step=None, allow_base=False):
     raise ExportError(
         f'--step={step}: {workdir!r} has checkpoints for steps {steps}.'
     )
-  config_lib.validate(config)
+  validation.validate(config)
   mesh = sharding.make_mesh(config.mesh)
   model, tokenizer = models.build(config, mesh)
   restored = restore_lora(model, config, workdir, step) if steps else None
@@ -1038,7 +1039,7 @@ def main(argv, flag_values):
     path = export(model, tokenizer, f['config'], f['format'], f['output'],
                   overwrite=f['overwrite'], step=step, dtype=f['dtype'],
                   gguf_dtype=f['gguf_dtype'])
-  except (ExportError, config_lib.ConfigError) as e:
+  except (ExportError, validation.ConfigError) as e:
     raise SystemExit(f'export: {e}') from e
   print(path, flush=True)
 
@@ -1049,4 +1050,4 @@ if __name__ == '__main__':
   from absl import flags  # pylint: disable=g-import-not-at-top
   _FLAG_VALUES = _define_flags()
   flags.mark_flags_as_required(['config', 'format', 'output'])
-  app.run(functools.partial(main, flag_values=_FLAG_VALUES))
+  cli.run(functools.partial(main, flag_values=_FLAG_VALUES))

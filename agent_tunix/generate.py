@@ -31,11 +31,12 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from agent_tunix import config_lib
+from agent_tunix import cli
 from agent_tunix import export
-from agent_tunix import rollout
+from agent_tunix.config import validation
 from agent_tunix.data import prompts
 from agent_tunix.models import tokenizer as tokenizer_lib
+from agent_tunix.rl import rollout
 
 TEMPLATES = ('auto', 'train', 'raw')
 
@@ -159,7 +160,7 @@ def main(argv):
     model, tokenizer, step = export.load_policy(
         config, _WORKDIR.value, _STEP.value, allow_base=not _WORKDIR.value
     )
-  except (export.ExportError, config_lib.ConfigError) as e:
+  except (export.ExportError, validation.ConfigError) as e:
     raise SystemExit(f'generate: {e}') from e
   if step is not None:
     logging.info('Generating with the LoRA of step %d', step)
@@ -182,4 +183,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -17,9 +17,10 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
-from agent_tunix import config_lib
-from agent_tunix import errors
-from agent_tunix import sharding
+from agent_tunix import cli
+from agent_tunix.config import validation
+from agent_tunix.run import errors
+from agent_tunix.tpu import sharding
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file (a get_config() module).', lock_config=True
@@ -70,9 +71,9 @@ def main(argv):
         '--coordinator_address, --num_processes and --process_id only take '
         'effect with --multihost; add it.'
     )
-  config_lib.validate(config, process_count=jax.process_count(),
+  validation.validate(config, process_count=jax.process_count(),
                       workdir=_WORKDIR.value)
-  from agent_tunix import train  # pylint: disable=g-import-not-at-top
+  from agent_tunix.run import train  # pylint: disable=g-import-not-at-top
   result = train.train_and_evaluate(config, _WORKDIR.value)
   logging.info('Finished: %s', result)
   if jax.process_index() == 0:
@@ -93,4 +94,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(errors.cli(main))
+  cli.run(errors.cli(main))

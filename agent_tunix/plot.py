@@ -19,6 +19,7 @@ from matplotlib import figure
 from matplotlib import ticker
 import tensorflow as tf
 
+from agent_tunix import cli
 
 
 def _define_flags():
@@ -194,4 +195,4 @@ def main(argv):
 if __name__ == '__main__':
   _define_flags()
   flags.mark_flags_as_required(['workdir', 'output'])
-  app.run(main)
+  cli.run(main)

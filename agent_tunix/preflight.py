@@ -66,14 +66,15 @@ from jax._src.interpreters import partial_eval  # pylint: disable=g-direct-jax-i
 from ml_collections import config_flags
 from tunix.models.gemma3 import model as gemma3_lib
 
-from agent_tunix import config_lib
-from agent_tunix import grpo
-from agent_tunix import optimizer as optimizer_lib
-from agent_tunix import rollout as rollout_lib
-from agent_tunix import sharding
-from agent_tunix import tpu_topology
+from agent_tunix import cli
+from agent_tunix.config import validation
 from agent_tunix.models import gemma
 from agent_tunix.models import lora
+from agent_tunix.rl import grpo
+from agent_tunix.rl import optimizer as optimizer_lib
+from agent_tunix.rl import rollout as rollout_lib
+from agent_tunix.tpu import sharding
+from agent_tunix.tpu import topology as tpu_topology
 
 PROGRAMS = ('rollout_prefill', 'rollout_decode', 'reference_logps',
             'policy_logps', 'update')
@@ -494,7 +495,7 @@ def fixes(config, program, spec):
                f'{max(1, t.batch_size // 2)} (fewer rows to sample)')
   shape = dict(zip(config.mesh.axis_names, config.mesh.shape))
   tp = shape.get('tp', 1)
-  wider = [d for d in config_lib.tp_sizes(m) if d > tp]
+  wider = [d for d in validation.tp_sizes(m) if d > tp]
   if wider and spec.num_chips % wider[0] == 0:
     out.append(f"a wider 'tp' mesh axis (now {tp}), e.g. "
                f"--config.mesh.shape='(-1, {wider[0]})' (shards heads and "
@@ -648,7 +649,7 @@ def prepare(config, topology):
   """
   spec = tpu_topology.parse(topology)
   devices = tpu_topology.devices(spec)
-  config_lib.validate(config, num_devices=len(devices),
+  validation.validate(config, num_devices=len(devices),
                       process_count=spec.num_hosts)
   return spec, devices
 
@@ -698,7 +699,7 @@ def run(config, topology, programs=PROGRAMS, keep_going=False):
   spec, devices = prepare(config, topology)
   mesh = sharding.make_mesh(config.mesh, devices=devices)
   if mesh.devices.size != len(devices) and spec.num_hosts > 1:
-    raise config_lib.ConfigError(
+    raise validation.ConfigError(
         f'config.mesh.shape={tuple(config.mesh.shape)} uses '
         f'{mesh.devices.size} of the {len(devices)} devices of {spec.name} '
         f'({spec.num_hosts} hosts); a multi-host mesh must use all of them '
@@ -782,4 +783,4 @@ def main(argv):
 
 if __name__ == '__main__':
   _define_flags()
-  app.run(main)
+  cli.run(main)

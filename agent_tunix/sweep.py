@@ -60,11 +60,12 @@ from absl import logging
 from etils import epath
 import ml_collections
 
-from agent_tunix import checkpoint
-from agent_tunix import config_lib
-from agent_tunix import errors
-from agent_tunix import metrics
+from agent_tunix import cli
 from agent_tunix import plot
+from agent_tunix.config import validation
+from agent_tunix.observe import metrics
+from agent_tunix.run import checkpoint
+from agent_tunix.run import errors
 
 JSON_FILE = 'sweep.json'
 TABLE_FILE = 'sweep.md'
@@ -78,7 +79,7 @@ _COLUMNS = (('accuracy', 'accuracy'), ('format accuracy', 'format_accuracy'),
             ('pass@k', 'pass_at_k'))
 
 
-class SweepError(config_lib.ConfigError):
+class SweepError(validation.ConfigError):
   """A --sweep flag that cannot be run."""
 
 
@@ -413,18 +414,18 @@ def run(points, train=True, say=print):
     say: prints one progress line.
 
   Raises:
-    config_lib.ConfigError: a point's config is invalid (checked for every
+    validation.ConfigError: a point's config is invalid (checked for every
       point before any run trains), or a run refuses the config it was
       trained with (run_config).
   """
   if train:
     for point in points:
-      config_lib.validate(point.config, workdir=point.workdir)
+      validation.validate(point.config, workdir=point.workdir)
     # pylint: disable=g-import-not-at-top
-    from agent_tunix import divergence
     from agent_tunix import rewards
-    from agent_tunix import run_lock
-    from agent_tunix import train as train_lib
+    from agent_tunix.run import divergence
+    from agent_tunix.run import lock as run_lock
+    from agent_tunix.run import train as train_lib
     # pylint: enable=g-import-not-at-top
     failures = (divergence.DivergenceError, FloatingPointError,
                 rewards.RewardError, checkpoint.RestoreError)
@@ -541,4 +542,4 @@ def main(argv):
 if __name__ == '__main__':
   _define_flags()
   flags.mark_flags_as_required(['config', 'workdir'])
-  app.run(errors.cli(main))
+  cli.run(errors.cli(main))

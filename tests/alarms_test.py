@@ -14,10 +14,10 @@ from absl import logging
 import numpy as np
 import pytest
 
-from agent_tunix import alarms
-from agent_tunix import checkpoint
-from agent_tunix import config_lib
-from agent_tunix import train
+from agent_tunix.config import validation
+from agent_tunix.run import alarms
+from agent_tunix.run import checkpoint
+from agent_tunix.run import train
 from configs import base
 from configs import tiny
 
@@ -245,12 +245,12 @@ def test_state_round_trip_repeats_the_uninterrupted_verdicts():
 def test_config_validation_names_the_field():
   config = tiny.get_config()
   config.alarms.clipped_frac = 1.5
-  with pytest.raises(config_lib.ConfigError, match='alarms.clipped_frac'):
-    config_lib.validate(config)
+  with pytest.raises(validation.ConfigError, match='alarms.clipped_frac'):
+    validation.validate(config)
   config = tiny.get_config()
   config.alarms.entropy_steps = -1
-  with pytest.raises(config_lib.ConfigError, match='alarms.entropy_steps'):
-    config_lib.validate(config)
+  with pytest.raises(validation.ConfigError, match='alarms.entropy_steps'):
+    validation.validate(config)
 
 
 def test_stop_on_alarm_saves_names_the_alarm_and_resumes(tmp_path):

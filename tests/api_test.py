@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from agent_tunix import api
-from agent_tunix import evaluation
 from agent_tunix import generate
-from agent_tunix import run_lock
 from agent_tunix.data import prompts
 from agent_tunix.models import lora
+from agent_tunix.rl import evaluation
+from agent_tunix.run import lock as run_lock
 from configs import tiny
 # pylint: enable=g-import-not-at-top
 

@@ -1,4 +1,4 @@
-"""Tests for agent_tunix.checkpoint (jax on CPU, tiny models)."""
+"""Tests for agent_tunix.run.checkpoint (jax on CPU, tiny models)."""
 
 import os
 
@@ -25,7 +25,7 @@ import pytest
 import qwix
 from tunix.models.gemma3 import model as gemma3_lib
 
-from agent_tunix import checkpoint
+from agent_tunix.run import checkpoint
 
 
 class TinyLora(nnx.Module):
@@ -463,7 +463,7 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     import sys
     import grain, jax, numpy as np, ml_collections
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from agent_tunix import checkpoint
+    from agent_tunix.run import checkpoint
 
     def data_iter():
       return iter(grain.MapDataset.range(10).to_iter_dataset())
@@ -511,7 +511,7 @@ def test_sharded_save_restores_into_other_sharding(tmp_path):
 _ABANDONED_READS_SCRIPT = textwrap.dedent("""
     import pathlib, sys
     import grain, jax, numpy as np, ml_collections
-    from agent_tunix import checkpoint
+    from agent_tunix.run import checkpoint
 
     def tree(seed):
       rng = np.random.default_rng(seed)

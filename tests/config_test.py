@@ -1,4 +1,4 @@
-"""Tests for configs/*.py, agent_tunix.config_lib and agent_tunix.config_doc."""
+"""Tests for configs/*.py, agent_tunix.config.validation and agent_tunix.config.field_reference."""
 
 import importlib
 import json
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from agent_tunix import config_doc
-from agent_tunix import config_lib
+from agent_tunix.config import field_reference
+from agent_tunix.config import validation
 from configs import base
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,14 +46,14 @@ def _run(*args):
 def test_preset_loads_and_validates(name):
   config = _preset(name)
   assert _flat_fields(config).keys() == _flat_fields(base.get_config()).keys()
-  config_lib.validate(config, num_devices=1)
+  validation.validate(config, num_devices=1)
 
 
 @pytest.mark.parametrize('name', ['gemma3_1b', 'gemma3_4b', 'gemma3_12b',
                                   'gemma3_27b'])
 def test_accelerator_presets_validate_on_a_pod_slice(name):
-  config_lib.validate(_preset(name), num_devices=8)
-  config_lib.validate(_preset(name, 'it'), num_devices=8)
+  validation.validate(_preset(name), num_devices=8)
+  validation.validate(_preset(name, 'it'), num_devices=8)
 
 
 @pytest.mark.parametrize('name', _PRESETS[1:])
@@ -61,7 +61,7 @@ def test_preset_quick_validates(name):
   config = _preset(name, 'quick')
   assert config.training.num_steps == 4
   assert config.grpo.num_generations == 2
-  config_lib.validate(config, num_devices=1)
+  validation.validate(config, num_devices=1)
 
 
 def test_apply_arg_it():
@@ -98,7 +98,7 @@ def test_gemma3_270m_default_and_full():
   assert full.generation.max_generation_steps == 192
   assert full.data.num_eval_examples >= 256
   assert full.eval.pass_at_k == 4
-  config_lib.validate(full, num_devices=1)
+  validation.validate(full, num_devices=1)
   # Later words still apply on top of `full`.
   full = _preset('gemma3_270m', 'full,training.num_steps=7')
   assert full.training.num_steps == 7
@@ -126,8 +126,8 @@ def test_apply_arg_errors(arg, error, words):
 def test_it_preset_refuses_the_packaged_pretrained_gguf(path):
   config = _preset('gemma3_270m', 'it')
   config.model.path = path
-  with pytest.raises(config_lib.ConfigError) as e:
-    config_lib.validate(config, num_devices=1)
+  with pytest.raises(validation.ConfigError) as e:
+    validation.validate(config, num_devices=1)
   message = str(e.value)
   assert "config.model.preset='gemma3_270m_it'" in message
   assert f'config.model.path={path!r}' in message
@@ -136,22 +136,22 @@ def test_it_preset_refuses_the_packaged_pretrained_gguf(path):
 
 def test_it_preset_is_refused_before_any_weight_is_read(monkeypatch):
   from agent_tunix import models  # pylint: disable=g-import-not-at-top
-  from agent_tunix import train  # pylint: disable=g-import-not-at-top
+  from agent_tunix.run import train  # pylint: disable=g-import-not-at-top
 
   def no_build(*unused):
     raise AssertionError('models.build ran before the config was checked')
 
   monkeypatch.setattr(models, 'build', no_build)
-  with pytest.raises(config_lib.ConfigError, match='model.path'):
+  with pytest.raises(validation.ConfigError, match='model.path'):
     train.setup(_preset('gemma3_270m', 'it'), '', with_data=False)
 
 
 def test_it_preset_with_an_it_gguf_validates():
   config = _preset('gemma3_270m', 'it,model.path=/m/gemma-3-270m-it-q8_0.gguf')
   assert config.model.preset == 'gemma3_270m_it'
-  config_lib.validate(config, num_devices=1)
+  validation.validate(config, num_devices=1)
   # Pretrained preset on the packaged file: the default, valid.
-  config_lib.validate(_preset('gemma3_270m'), num_devices=1)
+  validation.validate(_preset('gemma3_270m'), num_devices=1)
 
 
 # --------------------------------------------------------------- validation
@@ -258,10 +258,10 @@ _INVALID = [
 def test_validation_names_field_and_fix(edit, num_devices, field, fix):
   # Tiny, with a batch that also splits over 4 devices: valid before the edit.
   config = _preset('tiny', 'training.batch_size=4,training.micro_batch_size=2')
-  config_lib.validate(config, num_devices=num_devices)
+  validation.validate(config, num_devices=num_devices)
   edit(config)
-  with pytest.raises(config_lib.ConfigError) as e:
-    config_lib.validate(config, num_devices=num_devices)
+  with pytest.raises(validation.ConfigError) as e:
+    validation.validate(config, num_devices=num_devices)
   message = str(e.value)
   assert f'config.{field}' in message
   assert fix in message
@@ -271,24 +271,24 @@ def test_validation_batch_split_over_processes():
   config = _preset('tiny')
   config.training.batch_size = 3
   config.training.micro_batch_size = 1
-  with pytest.raises(config_lib.ConfigError, match='training.batch_size=3'):
-    config_lib.validate(config, num_devices=2, process_count=2)
+  with pytest.raises(validation.ConfigError, match='training.batch_size=3'):
+    validation.validate(config, num_devices=2, process_count=2)
 
 
 def test_tp_axis_must_divide_the_sharded_model_dimensions():
   # Gemma 3 1B: 4 heads, 1 KV head (tunix does not split a single one).
   config = _preset('gemma3_1b')
   config.mesh.shape = (-1, 4)
-  config_lib.validate(config, num_devices=8)
+  validation.validate(config, num_devices=8)
   config.mesh.shape = (1, 8)
-  with pytest.raises(config_lib.ConfigError,
+  with pytest.raises(validation.ConfigError,
                      match=r'tp axis \(8\).*attention heads \(4\)'):
-    config_lib.validate(config, num_devices=8)
+    validation.validate(config, num_devices=8)
   # Gemma 3 4B: 8 heads but 4 KV heads.
   config = _preset('gemma3_4b')
   config.mesh.shape = (1, 8)
-  with pytest.raises(config_lib.ConfigError, match=r'KV heads \(4\)') as e:
-    config_lib.validate(config, num_devices=8)
+  with pytest.raises(validation.ConfigError, match=r'KV heads \(4\)') as e:
+    validation.validate(config, num_devices=8)
   assert 'attention heads' not in str(e.value)
   assert '[1, 2, 4]' in str(e.value)
 
@@ -298,7 +298,7 @@ def test_mesh_with_free_axis_resolves():
   config.mesh.shape = (4, -1)  # tp = 2, the tiny model's 2 heads.
   config.training.batch_size = 4
   config.training.micro_batch_size = 2
-  config_lib.validate(config, num_devices=8)
+  validation.validate(config, num_devices=8)
 
 
 # ------------------------------------------------------------- command line
@@ -342,7 +342,7 @@ def _readme_section():
 
 
 def test_config_doc_covers_every_field():
-  section = config_doc.render_markdown()
+  section = field_reference.render_markdown()
   fields = _flat_fields(base.get_config())
   rows = [line for line in section.splitlines() if line.startswith('| `')]
   names = [re.match(r'\| `([^`]+)`', row).group(1) for row in rows]
@@ -367,17 +367,17 @@ def test_field_comments_requires_a_comment():
       '  config.a.z = 3\n'
   )
   with pytest.raises(ValueError, match='config.a.z has no comment'):
-    config_doc.field_comments(source)
-  assert config_doc.field_comments(source.rsplit('\n\n', 1)[0]) == {
+    field_reference.field_comments(source)
+  assert field_reference.field_comments(source.rsplit('\n\n', 1)[0]) == {
       'a.x': 'The first.', 'a.y': 'The first.'}
 
 
 def test_replace_section():
   section = '## Configuration\n\nnew\n'
   text = '# T\n\n## Configuration\n\nold\n\n## Layout\n\nrest\n'
-  assert config_doc.replace_section(text, section) == (
+  assert field_reference.replace_section(text, section) == (
       '# T\n\n## Configuration\n\nnew\n\n## Layout\n\nrest\n')
-  assert config_doc.replace_section('# T\n', section) == (
+  assert field_reference.replace_section('# T\n', section) == (
       '# T\n\n## Configuration\n\nnew\n')
 
 
@@ -385,7 +385,7 @@ def test_readme_lists_every_config_field():
   section = _readme_section()
   assert section is not None, (
       "README.md has no '## Configuration' section. Generate it with: "
-      'python -m agent_tunix.config_doc --readme=README.md')
+      'python -m agent_tunix.config.field_reference --readme=README.md')
   named = set(re.findall(r'`([a-z_]+\.[a-z0-9_]+)`', section))
   fields = set(_flat_fields(base.get_config()))
   assert not fields - named, f'README misses {sorted(fields - named)}'
@@ -396,18 +396,18 @@ def test_readme_lists_every_config_field():
 
 def test_readme_section_is_generated():
   section = _readme_section()
-  assert section == config_doc.render_markdown(), (
+  assert section == field_reference.render_markdown(), (
       'README.md\'s "## Configuration" section is out of date. Regenerate '
-      'it with: python -m agent_tunix.config_doc --readme=README.md')
+      'it with: python -m agent_tunix.config.field_reference --readme=README.md')
 
 
 def test_config_doc_cli(tmp_path):
   readme = tmp_path / 'README.md'
   readme.write_text('# Title\n\n## Configuration\n\nstale\n\n## Next\n')
-  result = _run('-m', 'agent_tunix.config_doc', f'--readme={readme}')
+  result = _run('-m', 'agent_tunix.config.field_reference', f'--readme={readme}')
   assert result.returncode == 0, result.stderr
   assert readme.read_text() == (
-      '# Title\n\n' + config_doc.render_markdown() + '\n## Next\n')
+      '# Title\n\n' + field_reference.render_markdown() + '\n## Next\n')
 
 
 
@@ -420,11 +420,11 @@ def test_validation_refuses_a_read_only_workdir_and_creates_nothing(
   try:
     # As root a mode is no obstacle: /proc takes no new files from anyone.
     parent = '/proc' if os.access(locked, os.W_OK) else locked
-    with pytest.raises(config_lib.ConfigError, match='not writable'):
-      config_lib.validate(config, workdir=os.path.join(parent, 'run'))
+    with pytest.raises(validation.ConfigError, match='not writable'):
+      validation.validate(config, workdir=os.path.join(parent, 'run'))
   finally:
     locked.chmod(0o755)
   assert list(locked.iterdir()) == []
   assert not os.path.exists('/proc/run')
-  config_lib.validate(config, workdir=str(tmp_path / 'new' / 'run'))
+  validation.validate(config, workdir=str(tmp_path / 'new' / 'run'))
   assert not (tmp_path / 'new').exists()

@@ -24,11 +24,11 @@ import pytest
 from tunix.generate import sampler as sampler_lib
 from tunix.models.gemma3 import model as gemma3_lib
 
-from agent_tunix import rollout
-from agent_tunix import sharding
 from agent_tunix.models import decode
 from agent_tunix.models import gemma
 from agent_tunix.models import lora
+from agent_tunix.rl import rollout
+from agent_tunix.tpu import sharding
 from configs import tiny
 
 _PROMPT_LEN = 8
@@ -325,7 +325,7 @@ def test_sampler_logps_are_the_trainers(lora_model, cpu_graph, temperature,
       'input_mask': np.concatenate([rows != 0, out.mask > 0], axis=1),
       'completion_mask': out.mask,
   }
-  from agent_tunix import grpo  # pylint: disable=g-import-not-at-top
+  from agent_tunix.rl import grpo  # pylint: disable=g-import-not-at-top
   hp = grpo.StepHParams(chunk_size=8, temperature=temperature or 1.0)
   want = np.asarray(grpo.policy_logps(model, batch, hp))
   kept = out.mask > 0

@@ -11,10 +11,10 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 import numpy as np  # pylint: disable=g-import-not-at-top
 import pytest
 
-from agent_tunix import dynamic_sampling
-from agent_tunix import objectives
-from agent_tunix import rollout
-from agent_tunix import train
+from agent_tunix.rl import dynamic_sampling
+from agent_tunix.rl import objectives
+from agent_tunix.rl import rollout
+from agent_tunix.run import train
 
 G = 2
 # Group rewards [B=4, G] of three rounds; groups 1 and 3 of round 0 and

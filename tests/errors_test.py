@@ -11,8 +11,8 @@ from absl import flags
 from absl import logging
 import pytest
 
-from agent_tunix import errors
-from agent_tunix import full_disk
+from agent_tunix.run import errors
+from agent_tunix.run import full_disk
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -130,7 +130,7 @@ def test_orbax_info_lines_are_quiet_unless_verbose():
   orbax = '/venv/site-packages/orbax/checkpoint/checkpoint_manager.py'
   assert not quiet.filter(record(orbax, py_logging.INFO))
   assert quiet.filter(record(orbax, py_logging.WARNING))
-  assert quiet.filter(record('/w/agent_tunix/train.py', py_logging.INFO))
+  assert quiet.filter(record('/w/agent_tunix/run/train.py', py_logging.INFO))
   # Orbax's and CLU's error lines stay, without their tracebacks; ours
   # keep theirs; CLU's INFO lines (its progress report) stay.
   error = failed(orbax)
@@ -140,7 +140,7 @@ def test_orbax_info_lines_are_quiet_unless_verbose():
   assert quiet.filter(error) and error.exc_info is None
   assert quiet.filter(record('/venv/site-packages/clu/platform/local.py',
                              py_logging.INFO))
-  ours = failed('/w/agent_tunix/train.py')
+  ours = failed('/w/agent_tunix/run/train.py')
   assert quiet.filter(ours) and ours.exc_info is not None
   before = logging.get_verbosity()
   logging.set_verbosity(logging.DEBUG)

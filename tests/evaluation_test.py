@@ -1,4 +1,4 @@
-"""Tests for agent_tunix.evaluation (a scripted sampler) and the evaluate CLI."""
+"""Tests for agent_tunix.rl.evaluation (a scripted sampler) and the evaluate CLI."""
 
 import os
 import subprocess
@@ -12,8 +12,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from agent_tunix import evaluation
-from agent_tunix import rollout
+from agent_tunix.rl import evaluation
+from agent_tunix.rl import rollout
 
 _GOOD = '<reasoning>adds up</reasoning>\n<answer>{}</answer>'
 

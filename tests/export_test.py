@@ -38,15 +38,15 @@ import pytest
 import safetensors.numpy
 import sentencepiece as spm
 
-from agent_tunix import checkpoint
 from agent_tunix import export
 from agent_tunix import generate
-from agent_tunix import train
 from agent_tunix.data import prompts
 from agent_tunix.models import gemma
 from agent_tunix.models import gguf as gguf_lib
 from agent_tunix.models import lora
 from agent_tunix.models import tokenizer as tokenizer_lib
+from agent_tunix.run import checkpoint
+from agent_tunix.run import train
 from configs import tiny
 # pylint: enable=g-import-not-at-top
 

@@ -19,11 +19,11 @@ import time
 from absl import logging
 import pytest
 
-from agent_tunix import checkpoint
-from agent_tunix import divergence
-from agent_tunix import full_disk
-from agent_tunix import run_config
-from agent_tunix import train
+from agent_tunix.run import checkpoint
+from agent_tunix.run import divergence
+from agent_tunix.run import full_disk
+from agent_tunix.run import resolved_config
+from agent_tunix.run import train
 from configs import tiny
 import reward_fixtures
 
@@ -188,7 +188,7 @@ def test_resume_refuses_a_config_that_changes_what_was_trained(tmp_path,
   # read, with old and new values and the fix.
   changed = _config(**{'training.num_steps': 1, 'model.lora_alpha': 64.0,
                        'training.seed': 7})
-  with pytest.raises(run_config.ConfigChangedError) as error:
+  with pytest.raises(resolved_config.ConfigChangedError) as error:
     train.setup(changed, workdir)
   message = str(error.value)
   assert 'config.model.lora_alpha: 8.0 (trained) -> 64.0 (now)' in message
@@ -196,7 +196,7 @@ def test_resume_refuses_a_config_that_changes_what_was_trained(tmp_path,
   assert 'new --workdir' in message and len(message) < 1000
   # A preset change lists a few fields, not a 78 KB dump.
   other = _config(**{'model.preset': 'gemma3_270m', 'model.lora_rank': 8})
-  with pytest.raises(run_config.ConfigChangedError) as error:
+  with pytest.raises(resolved_config.ConfigChangedError) as error:
     train.setup(other, workdir)
   assert len(str(error.value)) < 1000
   # Safe fields change and are logged.
@@ -262,11 +262,11 @@ def test_evaluate_refuses_a_workdir_without_checkpoints(tmp_path):
 
 
 def test_compare_allows_divergence_fixes_and_refuses_the_rest():
-  stored = run_config.flatten(_config())
+  stored = resolved_config.flatten(_config())
   changed = _config(**{'optimizer.learning_rate': 1e-5,
                        'optimizer.max_grad_norm': 0.5,
                        'optimizer.b1': 0.5, 'data.seed': 3})
-  refused, allowed, one_sided = run_config.compare(stored, changed)
+  refused, allowed, one_sided = resolved_config.compare(stored, changed)
   assert [f for f, _, _ in allowed] == ['optimizer.learning_rate',
                                         'optimizer.max_grad_norm']
   assert [f for f, _, _ in refused] == ['data.seed', 'optimizer.b1']

@@ -1,4 +1,4 @@
-"""Tests for agent_tunix.grpo: GRPO math against NumPy, and the update."""
+"""Tests for agent_tunix.rl.grpo: GRPO math against NumPy, and the update."""
 
 import dataclasses
 import functools
@@ -17,11 +17,11 @@ import pytest
 import qwix
 from tunix.models.gemma3 import model as model_lib
 
-from agent_tunix import grpo
-from agent_tunix import logprobs
-from agent_tunix import objectives
-from agent_tunix import optimizer as optimizer_lib
-from agent_tunix import remat
+from agent_tunix.rl import grpo
+from agent_tunix.rl import logprobs
+from agent_tunix.rl import objectives
+from agent_tunix.rl import optimizer as optimizer_lib
+from agent_tunix.rl import remat
 # pylint: enable=g-import-not-at-top
 
 _LORA_PATHS = (

@@ -31,7 +31,7 @@ import pathlib  # pylint: disable=g-import-not-at-top
 import numpy as np
 import tensorflow as tf
 
-from agent_tunix import train
+from agent_tunix.run import train
 from configs import tiny
 
 _STEPS = 20

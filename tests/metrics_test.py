@@ -1,4 +1,4 @@
-"""Tests for agent_tunix.metrics (TensorBoard files are read back)."""
+"""Tests for agent_tunix.observe.metrics (TensorBoard files are read back)."""
 
 import os
 
@@ -20,7 +20,7 @@ import tensorflow as tf
 from tensorboard import plugin_util
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from agent_tunix import metrics
+from agent_tunix.observe import metrics
 from configs import base
 
 

@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 
 from agent_tunix import generate
-from agent_tunix import sharding
 from agent_tunix.models import gemma
 from agent_tunix.models import gguf as gguf_lib
 from agent_tunix.models import lora
 from agent_tunix.models import tokenizer as tokenizer_lib
+from agent_tunix.tpu import sharding
 from configs import gemma3_270m
 from configs import tiny
 # pylint: enable=g-import-not-at-top
@@ -51,9 +51,9 @@ from flax import nnx
 import jax
 import ml_collections
 import numpy as np
-from agent_tunix import sharding
 from agent_tunix.models import gemma
 from agent_tunix.models import gguf
+from agent_tunix.tpu import sharding
 from configs import gemma3_270m
 
 config = gemma3_270m.get_config()

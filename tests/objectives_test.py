@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agent_tunix import objectives
+from agent_tunix.rl import objectives
 
 
 @pytest.mark.parametrize('mode', ['group', 'batch', 'none'])

@@ -10,8 +10,8 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import pytest
 
-from agent_tunix import metrics
 from agent_tunix import plot
+from agent_tunix.observe import metrics
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 

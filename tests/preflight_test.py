@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from agent_tunix import preflight
-from agent_tunix import sharding
-from agent_tunix import tpu_topology
+from agent_tunix.tpu import sharding
+from agent_tunix.tpu import topology as tpu_topology
 from configs import tiny
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -197,7 +197,7 @@ def test_a_bad_topology_exits_2_with_one_line():
 
 
 def test_update_batch_matches_a_real_rollout():
-  from agent_tunix import train  # pylint: disable=g-import-not-at-top
+  from agent_tunix.run import train  # pylint: disable=g-import-not-at-top
   config = _tiny()
   session = train.setup(config, '/unused', with_data=True)
   update, *_ = train.rollout_batch(session, next(session.train_iter), 1)
@@ -213,7 +213,9 @@ _PLACEMENT_CHILD = r'''
 import json, sys
 import jax
 from flax import nnx
-from agent_tunix import preflight, sharding, train
+from agent_tunix import preflight
+from agent_tunix.run import train
+from agent_tunix.tpu import sharding
 from configs import tiny
 
 config = tiny.get_config()

@@ -46,8 +46,8 @@ def _positive_side():
   coordinate of its embedding is positive (about half the vocabulary).
   """
   # pylint: disable=g-import-not-at-top
-  from agent_tunix import sharding
   from agent_tunix.models import gemma
+  from agent_tunix.tpu import sharding
   from configs import tiny
   # pylint: enable=g-import-not-at-top
   config = tiny.get_config()

@@ -12,10 +12,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from agent_tunix import evaluation
 from agent_tunix import rewards
 from agent_tunix.rewards import format as format_rewards
 from agent_tunix.rewards import math as math_rewards
+from agent_tunix.rl import evaluation
 
 F = fractions.Fraction
 _FUZZ = hypothesis.settings(deadline=None, database=None, max_examples=150)

@@ -1,4 +1,4 @@
-"""Tests for agent_tunix.rollout: end-token cuts; tiny-model sampling."""
+"""Tests for agent_tunix.rl.rollout: end-token cuts; tiny-model sampling."""
 
 import os
 
@@ -9,10 +9,10 @@ import pytest
 from tunix.models.gemma3 import model as gemma3_lib
 
 from agent_tunix import models
-from agent_tunix import rollout
-from agent_tunix import sharding
 from agent_tunix.data import pipeline
 from agent_tunix.models import decode
+from agent_tunix.rl import rollout
+from agent_tunix.tpu import sharding
 from configs import tiny
 
 EOS, END_OF_TURN = 1, 106  # Gemma 3's <eos> and <end_of_turn>.
@@ -267,7 +267,7 @@ def test_parse_stop_sequences():
 
 
 def test_stop_sequences_from_config():
-  from agent_tunix import config_lib  # pylint: disable=g-import-not-at-top
+  from agent_tunix.config import validation  # pylint: disable=g-import-not-at-top
   from configs import gemma3_270m  # pylint: disable=g-import-not-at-top
   config = gemma3_270m.get_config()  # Plain few-shot template.
   assert rollout.stop_sequences_from_config(config) == ('\nQuestion:',)
@@ -280,9 +280,9 @@ def test_stop_sequences_from_config():
   config.generation.stop_sequences = ''
   assert rollout.stop_sequences_from_config(config) == ()
   config.generation.stop_sequences = 'a||b'
-  with pytest.raises(config_lib.ConfigError,
+  with pytest.raises(validation.ConfigError,
                      match=r"config.generation.stop_sequences='a\|\|b'"):
-    config_lib.validate(config, num_devices=1)
+    validation.validate(config, num_devices=1)
 
 
 def _linear_stop_end(tokenizer, row, stop):

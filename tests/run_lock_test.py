@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from agent_tunix import run_lock
-from agent_tunix import train
+from agent_tunix.run import lock as run_lock
+from agent_tunix.run import train
 from configs import tiny
 
 

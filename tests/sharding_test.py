@@ -1,4 +1,4 @@
-"""Tests for agent_tunix.sharding: specs, multi-host row bookkeeping, and one
+"""Tests for agent_tunix.tpu.sharding: specs, multi-host row bookkeeping, and one
 GRPO step of the tiny model on fake CPU device meshes.
 
 The mesh tests start two subprocesses side by side, one with 4 fake CPU
@@ -29,7 +29,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 import pytest
 
-from agent_tunix import sharding
+from agent_tunix.tpu import sharding
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 _TIMEOUT_S = 900  # Generous: both children take ~1.5 min on 2 idle cores.
@@ -48,11 +48,11 @@ import jax
 from flax import nnx
 import numpy as np
 
-from agent_tunix import grpo
-from agent_tunix import optimizer as optimizer_lib
-from agent_tunix import rollout
-from agent_tunix import sharding
-from agent_tunix import train
+from agent_tunix.rl import grpo
+from agent_tunix.rl import optimizer as optimizer_lib
+from agent_tunix.rl import rollout
+from agent_tunix.run import train
+from agent_tunix.tpu import sharding
 from configs import tiny
 
 shapes = [tuple(s) for s in json.loads(sys.argv[1])]

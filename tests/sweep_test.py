@@ -16,9 +16,9 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import plugin_event_multiplexer
 
-from agent_tunix import config_lib
-from agent_tunix import metrics
 from agent_tunix import sweep
+from agent_tunix.config import validation
+from agent_tunix.observe import metrics
 from configs import tiny
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -114,7 +114,7 @@ def test_bad_sweeps_are_one_clear_error(specs, overrides, expected):
   with pytest.raises(sweep.SweepError) as raised:
     _grid(specs, overrides=overrides)
   message = str(raised.value)
-  assert isinstance(raised.value, config_lib.ConfigError)  # One line in CLIs.
+  assert isinstance(raised.value, validation.ConfigError)  # One line in CLIs.
   assert '\n' not in message
   for text in expected:
     assert text in message
@@ -197,9 +197,9 @@ def test_failed_locked_out_of_data_and_stopped_runs(tmp_path, monkeypatch):
   """What the sweep does with each outcome of the trainer (faked here; the
   real trainer runs in the last test)."""
   # pylint: disable=g-import-not-at-top
-  from agent_tunix import divergence
-  from agent_tunix import run_lock
-  from agent_tunix import train
+  from agent_tunix.run import divergence
+  from agent_tunix.run import lock as run_lock
+  from agent_tunix.run import train
   # pylint: enable=g-import-not-at-top
   config = _config()
   points = sweep.grid(config, str(tmp_path), sweep.parse_sweeps(

@@ -22,10 +22,10 @@ import pytest
 import tensorflow as tf
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from agent_tunix import checkpoint
 from agent_tunix import plot
 from agent_tunix import rewards
-from agent_tunix import train
+from agent_tunix.run import checkpoint
+from agent_tunix.run import train
 from configs import tiny
 
 _REWARDS = 'format_approx=1,answer=1,reward_fixtures:text_length=1'

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from agent_tunix import config_lib
-from agent_tunix import metrics
-from agent_tunix import wandb_writer
+from agent_tunix.config import validation
+from agent_tunix.observe import metrics
+from agent_tunix.observe import wandb_writer
 from configs import tiny
 
 
@@ -132,13 +132,13 @@ def test_no_wandb_without_a_project_or_off_process_0(tmp_path, monkeypatch):
 
 def test_a_project_without_wandb_is_a_config_error(monkeypatch):
   monkeypatch.setitem(sys.modules, 'wandb', None)  # Not importable.
-  with pytest.raises(config_lib.ConfigError) as error:
-    config_lib.validate(_config(project='p'))
+  with pytest.raises(validation.ConfigError) as error:
+    validation.validate(_config(project='p'))
   message = str(error.value)
   assert message.startswith("config.logging.wandb_project='p' needs the "
                             'wandb package')
   assert 'pip install wandb' in message and '\n' not in message
-  config_lib.validate(_config(project=''))  # Off: no wandb needed.
+  validation.validate(_config(project=''))  # Off: no wandb needed.
 
 
 def test_a_run_wandb_cannot_open_is_one_clear_error(tmp_path, monkeypatch):
@@ -150,7 +150,7 @@ def test_a_run_wandb_cannot_open_is_one_clear_error(tmp_path, monkeypatch):
 
   fake.init = init
   monkeypatch.setitem(sys.modules, 'wandb', fake)
-  with pytest.raises(config_lib.ConfigError) as error:
+  with pytest.raises(validation.ConfigError) as error:
     metrics.create_writer(str(tmp_path), asynchronous=False,
                           config=_config())
   message = str(error.value)
@@ -190,7 +190,7 @@ def test_real_wandb_offline_run_holds_the_scalars(tmp_path, monkeypatch):
   monkeypatch.setenv('WANDB_SILENT', 'true')
   (tmp_path / 'wandb_dir').mkdir()
   config = _config(project='agent_tunix_test')
-  config_lib.validate(config)
+  validation.validate(config)
   workdir = tmp_path / 'run'
   writer = metrics.create_writer(str(workdir), asynchronous=False,
                                  config=config)

@@ -146,8 +146,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from agent_tunix import config_lib
-from agent_tunix import tpu_topology
+from agent_tunix import cli
 from agent_tunix.bench import context
 from agent_tunix.bench import decode_speed
 from agent_tunix.bench import grpo_step
@@ -158,6 +157,8 @@ from agent_tunix.bench import tpu_preflight
 from agent_tunix.bench import trl_step
 from agent_tunix.bench import tunix_step
 from agent_tunix.bench import update_memory
+from agent_tunix.config import validation
+from agent_tunix.tpu import topology as tpu_topology
 
 
 def run(config, skip, decode_batch_sizes, preflight_topology):
@@ -258,7 +259,7 @@ def main(argv):
     raise app.UsageError(f'--decode_batch_sizes={sizes} must be >= 1.')
   try:
     result = run(config, skip, batch_sizes, topology)
-  except config_lib.ConfigError as e:
+  except validation.ConfigError as e:
     raise SystemExit(f'bench: {e}') from e
   report.print_table(result)
   if options.OUTPUT.value:
@@ -275,4 +276,4 @@ def main(argv):
 if __name__ == '__main__':
   options.define_flags()
   flags.adopt_module_key_flags(options)  # --help lists them.
-  app.run(main)
+  cli.run(main)

@@ -11,11 +11,11 @@ import sys
 from absl import logging
 import numpy as np
 
-from agent_tunix import optimizer as optimizer_lib
-from agent_tunix import train
 from agent_tunix.bench import options
 from agent_tunix.bench import records
 from agent_tunix.data import pipeline
+from agent_tunix.rl import optimizer as optimizer_lib
+from agent_tunix.run import train
 
 # Untimed steps before the timed ones: the first compiles; the second can
 # compile again when the first update returns state in new shardings.

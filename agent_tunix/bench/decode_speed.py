@@ -8,11 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agent_tunix import rollout
 from agent_tunix.bench import context
 from agent_tunix.bench import options
 from agent_tunix.bench import records
 from agent_tunix.models import decode
+from agent_tunix.rl import rollout
 
 # Bytes of the array copied to measure memory bandwidth.
 _COPY_BYTES = {'cpu': 256 << 20}

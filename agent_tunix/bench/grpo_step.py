@@ -4,14 +4,14 @@ from absl import logging
 import jax
 import numpy as np
 
-from agent_tunix import grpo
-from agent_tunix import objectives
-from agent_tunix import rollout
-from agent_tunix import sharding
-from agent_tunix import train
 from agent_tunix.bench import context
 from agent_tunix.bench import options
 from agent_tunix.bench import records
+from agent_tunix.rl import grpo
+from agent_tunix.rl import objectives
+from agent_tunix.rl import rollout
+from agent_tunix.run import train
+from agent_tunix.tpu import sharding
 
 
 def ours_grpo(ctx):

@@ -20,11 +20,11 @@ import math
 
 from absl import logging
 
-from agent_tunix import config_lib
 from agent_tunix import preflight
-from agent_tunix import sharding
-from agent_tunix import tpu_topology
 from agent_tunix.bench import records
+from agent_tunix.config import validation
+from agent_tunix.tpu import sharding
+from agent_tunix.tpu import topology as tpu_topology
 
 NAME = 'tpu_preflight'
 
@@ -66,7 +66,7 @@ def preflight_measurement(ctx, topology):
   names, shape, source = slice_mesh(ctx.config, num_devices)
   config = ctx.config
   if source == 'fitted':
-    sizes = config_lib.tp_sizes(config.model)
+    sizes = validation.tp_sizes(config.model)
     if shape[1] not in sizes:
       rows = config.training.micro_batch_size * config.grpo.num_generations
       raise records.Skipped(
@@ -82,7 +82,7 @@ def preflight_measurement(ctx, topology):
   t0 = records.now()
   try:
     result = preflight.run(config, topology)
-  except config_lib.ConfigError as e:
+  except validation.ConfigError as e:
     raise records.Skipped(
         f'the workload cannot run on {spec.name}: {e}'
     ) from e

@@ -6,12 +6,12 @@ from flax import nnx
 import jax
 import numpy as np
 
-from agent_tunix import sharding
 from agent_tunix.bench import context
 from agent_tunix.bench import options
 from agent_tunix.bench import records
 from agent_tunix.models import gemma
 from agent_tunix.models import lora
+from agent_tunix.tpu import sharding
 
 
 def tunix_grpo(ctx):

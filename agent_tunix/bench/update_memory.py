@@ -9,12 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agent_tunix import grpo
-from agent_tunix import logprobs
-from agent_tunix import sharding
 from agent_tunix.bench import context
 from agent_tunix.bench import options
 from agent_tunix.bench import records
+from agent_tunix.rl import grpo
+from agent_tunix.rl import logprobs
+from agent_tunix.tpu import sharding
 
 
 def naive_token_logps(model, tokens, input_mask, completion_len,

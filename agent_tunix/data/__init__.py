@@ -1,1 +1,5 @@
-"""Data: synthetic and GSM8K examples, prompt templates, grain pipelines."""
+"""Data: synthetic and GSM8K examples, prompt templates, grain pipelines.
+
+A bottom layer: modules here import only each other, never another part of
+agent_tunix.
+"""

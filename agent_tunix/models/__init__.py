@@ -1,4 +1,8 @@
-"""Gemma 3 policies: weights by source, tokenizer, LoRA."""
+"""Gemma 3 policies: weights by source, tokenizer, LoRA, the CPU decode graph.
+
+A bottom layer: modules here import only each other, never another part of
+agent_tunix.
+"""
 
 from absl import logging
 

@@ -57,7 +57,7 @@ def create_writer(workdir, asynchronous=True, config=None):
   )
   if (config is not None and config.logging.wandb_project
       and jax.process_index() == 0):
-    from agent_tunix import wandb_writer  # pylint: disable=g-import-not-at-top
+    from agent_tunix.observe import wandb_writer  # pylint: disable=g-import-not-at-top
     writer = metric_writers.MultiWriter(
         [writer, wandb_writer.create(config.logging, workdir)]
     )

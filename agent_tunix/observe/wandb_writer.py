@@ -24,7 +24,7 @@ from clu.metric_writers import interface
 from etils import epath
 import numpy as np
 
-from agent_tunix import config_lib
+from agent_tunix.config import validation
 
 # File in the workdir holding the W&B run id (resumes continue that run).
 RUN_ID_FILE = 'wandb_run_id'
@@ -125,7 +125,7 @@ def create(logging_config, workdir, module=None):
   Call on process 0 only.
 
   Raises:
-    config_lib.ConfigError: when wandb cannot open the run.
+    validation.ConfigError: when wandb cannot open the run.
 
   Args:
     logging_config: the config's `logging` section (wandb_project,
@@ -148,7 +148,7 @@ def create(logging_config, workdir, module=None):
   except Exception as e:  # pylint: disable=broad-exception-caught
     # wandb's own errors (not logged in, no network, a bad entity) become
     # one line naming the setting, like other start-up errors.
-    raise config_lib.ConfigError(
+    raise validation.ConfigError(
         f'W&B could not open a run in config.logging.wandb_project='
         f'{logging_config.wandb_project!r}: {type(e).__name__}: {e}. Log in '
         "with `wandb login`, set WANDB_MODE=offline, or set "

@@ -54,9 +54,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from agent_tunix import logprobs
-from agent_tunix import objectives
-from agent_tunix import remat
+from agent_tunix.rl import logprobs
+from agent_tunix.rl import objectives
+from agent_tunix.rl import remat
 
 # Metric: mean |sampler log-prob - trainer log-prob| over completion tokens.
 SAMPLER_GAP = 'sampler/logp_abs_diff'

@@ -41,7 +41,7 @@ from typing import Any
 from absl import logging
 import numpy as np
 
-from agent_tunix import objectives
+from agent_tunix.rl import objectives
 
 
 def has_spread(group_rewards):

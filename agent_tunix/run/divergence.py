@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agent_tunix import checkpoint
-from agent_tunix import grpo
-from agent_tunix import metrics as metrics_lib
+from agent_tunix.observe import metrics as metrics_lib
+from agent_tunix.rl import grpo
+from agent_tunix.run import checkpoint
 
 
 class DivergenceError(FloatingPointError):

@@ -24,13 +24,13 @@ import sys
 from absl import flags
 from absl import logging
 
-from agent_tunix import checkpoint
-from agent_tunix import config_lib
-from agent_tunix import divergence
-from agent_tunix import full_disk
 from agent_tunix import rewards
-from agent_tunix import run_lock
+from agent_tunix.config import validation
 from agent_tunix.data import gsm8k
+from agent_tunix.run import checkpoint
+from agent_tunix.run import divergence
+from agent_tunix.run import full_disk
+from agent_tunix.run import lock as run_lock
 
 _TRACEBACK = flags.DEFINE_bool(
     'traceback', False,
@@ -38,7 +38,7 @@ _TRACEBACK = flags.DEFINE_bool(
     'divergence, ...) instead of one line.',
 )
 USER_ERRORS = (
-    config_lib.ConfigError,
+    validation.ConfigError,
     checkpoint.RestoreError,
     run_lock.LockedError,
     divergence.DivergenceError,

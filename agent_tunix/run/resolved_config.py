@@ -24,8 +24,8 @@ from etils import epath
 import jax
 import ml_collections
 
-from agent_tunix import config_lib
-from agent_tunix import metrics
+from agent_tunix.config import validation
+from agent_tunix.observe import metrics
 
 FILENAME = 'config.json'
 # Fields (or 'section.' prefixes) that may differ between starts of one run.
@@ -54,7 +54,7 @@ _MAX_LISTED = 8
 _WIDTH = 60
 
 
-class ConfigChangedError(config_lib.ConfigError):
+class ConfigChangedError(validation.ConfigError):
   """A resume with a config that changes what the run trains."""
 
 

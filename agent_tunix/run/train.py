@@ -38,24 +38,24 @@ from flax import nnx
 import jax
 import numpy as np
 
-from agent_tunix import alarms as alarms_lib
-from agent_tunix import checkpoint
-from agent_tunix import config_lib
-from agent_tunix import divergence
-from agent_tunix import dynamic_sampling
-from agent_tunix import evaluation
-from agent_tunix import full_disk
-from agent_tunix import grpo
-from agent_tunix import metrics as metrics_lib
 from agent_tunix import models
-from agent_tunix import objectives
-from agent_tunix import optimizer as optimizer_lib
 from agent_tunix import rewards
-from agent_tunix import rollout
-from agent_tunix import run_config
-from agent_tunix import run_lock
-from agent_tunix import sharding
+from agent_tunix.config import validation
 from agent_tunix.data import pipeline
+from agent_tunix.observe import metrics as metrics_lib
+from agent_tunix.rl import dynamic_sampling
+from agent_tunix.rl import evaluation
+from agent_tunix.rl import grpo
+from agent_tunix.rl import objectives
+from agent_tunix.rl import optimizer as optimizer_lib
+from agent_tunix.rl import rollout
+from agent_tunix.run import alarms as alarms_lib
+from agent_tunix.run import checkpoint
+from agent_tunix.run import divergence
+from agent_tunix.run import full_disk
+from agent_tunix.run import lock as run_lock
+from agent_tunix.run import resolved_config
+from agent_tunix.tpu import sharding
 
 
 @dataclasses.dataclass
@@ -94,14 +94,14 @@ def step_seed(base_seed, step, sampling_round=0):
 
 def setup(config, workdir, with_data=True):
   """Validates the config and builds the session (no training)."""
-  config_lib.validate(config, process_count=jax.process_count())
+  validation.validate(config, process_count=jax.process_count())
   if with_data and config.model.lora_rank < 1:
-    raise config_lib.ConfigError(
+    raise validation.ConfigError(
         f'config.model.lora_rank={config.model.lora_rank}: training updates '
         'only LoRA adapters, so it needs a rank >= 1.'
     )
   if with_data and workdir:
-    run_config.check_and_store(config, workdir, checkpoint.has_steps(workdir))
+    resolved_config.check_and_store(config, workdir, checkpoint.has_steps(workdir))
   mesh = sharding.make_mesh(config.mesh)
   model, tokenizer = models.build(config, mesh)
   sampler = rollout.Rollout(
@@ -410,7 +410,7 @@ def train_and_evaluate(config, workdir):
     'alarms' (the alarms that stopped the run under
     training.stop_on_alarm; empty otherwise).
   """
-  config_lib.validate(config, process_count=jax.process_count(),
+  validation.validate(config, process_count=jax.process_count(),
                       workdir=workdir)
   with run_lock.hold(workdir):  # One run per workdir.
     return run(setup(config, workdir))

@@ -50,10 +50,10 @@ import numpy as np
 from tunix.generate import sampler as sampler_lib
 from tunix.generate import utils as sampler_utils
 
-from agent_tunix import sharding
 from agent_tunix.data import pipeline
 from agent_tunix.data import prompts as prompts_lib
 from agent_tunix.models import decode
+from agent_tunix.tpu import sharding
 
 
 @dataclasses.dataclass

@@ -9,15 +9,15 @@ import math
 import os
 import tempfile
 
-from agent_tunix import objectives
-from agent_tunix import remat
 from agent_tunix import rewards
-from agent_tunix import rollout
-from agent_tunix import sharding
 from agent_tunix.data import gsm8k
 from agent_tunix.data import pipeline
 from agent_tunix.models import gemma
 from agent_tunix.models import gguf
+from agent_tunix.rl import objectives
+from agent_tunix.rl import remat
+from agent_tunix.rl import rollout
+from agent_tunix.tpu import sharding
 
 _CHOICES = {
     'model.source': gemma.SOURCES,

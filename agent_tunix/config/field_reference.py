@@ -1,7 +1,7 @@
 r"""Generates the README's "Configuration" section from configs/base.py.
 
-  python -m agent_tunix.config_doc                     # print the section
-  python -m agent_tunix.config_doc --readme=README.md  # rewrite it in place
+  python -m agent_tunix.config.field_reference                     # print the section
+  python -m agent_tunix.config.field_reference --readme=README.md  # rewrite it in place
 
 A field's description is the comment block written directly above its
 `config.section.field = ...` line in configs/base.py; a field assigned on the
@@ -21,6 +21,8 @@ from absl import flags
 
 from configs import base
 
+from agent_tunix import cli
+
 HEADING = '## Configuration'
 
 _README = flags.DEFINE_string(
@@ -37,7 +39,7 @@ Every field of `configs/base.py` with its default there; the presets in
 locked, so a misspelled field name is an error.
 
 This section is generated from the comments in `configs/base.py`; edit those
-and regenerate it with `python -m agent_tunix.config_doc --readme=README.md`."""
+and regenerate it with `python -m agent_tunix.config.field_reference --readme=README.md`."""
 
 
 def _field_name(target):
@@ -178,4 +180,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

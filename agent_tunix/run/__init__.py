@@ -1,0 +1,10 @@
+"""One training run's life: the loop and what keeps it alive and honest.
+
+train (the loop: mesh -> models -> data -> restore -> step, eval and
+checkpoint hooks; no math), checkpoint (Orbax save/restore, exact resume),
+lock (one run per workdir), resolved_config (the config a workdir was started
+with, and the refusal of an unsafe change on resume), divergence, full_disk,
+alarms and errors (the one-line messages a command prints). Modules here may
+import each other and every layer below (observe, config, rl, data, models,
+rewards, tpu); never a command.
+"""
