@@ -21,7 +21,6 @@ from absl import flags
 
 from configs import base
 
-from agent_tunix import cli
 
 HEADING = '## Configuration'
 
@@ -180,4 +179,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  cli.run(main)
+  app.run(main)
