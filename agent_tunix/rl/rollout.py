@@ -69,6 +69,17 @@ class Completions:
   # end), under the temperature-scaled distribution before the top-k /
   # top-p cut (see `Rollout.generate`); None when not given.
   logps: np.ndarray | None = None
+  # Multi-turn episodes (`episodes.EpisodeRollout`): float32 [N, C], 1 on
+  # every real token up to the episode's end, inserted tool results
+  # included (what the model attends to), while `mask` is 1 on the policy's
+  # own tokens only; None for single-turn completions, where both agree.
+  input_mask: np.ndarray | None = None
+  episodes: list | None = None  # episodes.Episode per row, or None.
+
+  @property
+  def attended(self):
+    """float32 [N, C]: 1 on the tokens the model reads (`input_mask`)."""
+    return self.mask if self.input_mask is None else self.input_mask
 
 
 def end_token_ids(tokenizer):

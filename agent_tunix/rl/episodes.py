@@ -1,0 +1,439 @@
+"""Multi-turn episodes: rows that pause for an environment and resume in the
+same KV cache.
+
+A row's model turn ends at an end token (for Gemma 3's tool calls,
+`<end_of_turn>`), at a stop text, or at the per-turn token cap. The host then
+asks the row's environment (`agent_tunix.agent.environment`) what the turn
+means: the episode is over (a final answer, or a limit), or there is text to
+insert before the model's next turn (tool results). Inserted text is
+tokenized on its own and fed to the model as *forced tokens*: the decode step
+writes a forced token instead of the sampled one, so it enters the KV cache
+through the same one-token decode call as a sampled token. Nothing is
+prefilled twice and what the policy sampled is never re-tokenized: its
+token ids stay as sampled.
+
+One compiled program does all of it. The decode loop (`_decode_loop`) reads
+two per-row buffers of the cache's width, `forced_tokens` and `forced`, and a
+row's turn start for the turn cap; it exits when any row ends a turn (or at
+the step limit, or every `decode_chunk_steps` with stop texts), the host
+answers, writes the inserts into the buffers and calls the same program
+again. Shapes never change, so there is one compile per (batch, cache
+length), not one per turn or step.
+
+Column layout (what the trainer receives, `Completions`):
+  tokens      prompt bucket | model turn 1 | insert 1 | model turn 2 | ...
+  mask        1 on the policy's own tokens (what the loss, KL, entropy,
+              importance weights and token counts see), 0 on inserts;
+  input_mask  1 on every real token up to the episode's last: what the
+              model attends to when the trainer recomputes log-probs.
+Positions count real tokens (the decode step computes them from the token
+buffer, as `logprobs.positions_from_mask` does), so the trainer's forward
+and the sampler compute the same function: `sampler/logp_abs_diff` stays at
+numerical noise.
+
+Several processes: every process holds every row's tokens after each
+decode call, runs every row's environment (tools must be deterministic
+given their arguments) and checks that all processes insert the same
+tokens before writing them (a digest compared across processes).
+"""
+
+import dataclasses
+import hashlib
+import time
+
+from flax import nnx
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
+import numpy as np
+from tunix.generate import utils as sampler_utils
+
+from agent_tunix.data import pipeline
+from agent_tunix.models import decode
+from agent_tunix.rl import rollout as rollout_lib
+from agent_tunix.tpu import sharding
+
+# How an episode finished. 'answer': the environment ended it (a final
+# turn); the others are limits: 'turn_tokens' (a turn reached the per-turn
+# cap), 'columns' (no room left in the cache for the next insert or turn),
+# and whatever the environment reports ('max_tool_calls', 'timeout').
+FINISH_ANSWER = 'answer'
+FINISH_TURN_TOKENS = 'turn_tokens'
+FINISH_COLUMNS = 'columns'
+
+
+@dataclasses.dataclass
+class Episode:
+  """What one row did, for rewards, metrics and transcripts."""
+
+  transcript: str  # Model turns and inserts as one text (end tokens out).
+  final_text: str  # The last model turn's text: what answer rewards read.
+  tool_calls: list  # [{name, arguments, result, error}], in call order.
+  finish: str  # FINISH_* or the environment's finish reason.
+  turns: int = 0  # Model turns.
+  model_tokens: int = 0  # Tokens the policy sampled (mask 1).
+  insert_tokens: int = 0  # Tokens inserted (mask 0).
+  stats: dict = dataclasses.field(default_factory=dict)  # Environment's.
+
+  @property
+  def cut(self):
+    """Whether a limit ended the episode (not a final answer)."""
+    return self.finish != FINISH_ANSWER
+
+
+def truncate_middle(ids, cap, marker_ids):
+  """`ids` cut to at most `cap` tokens by dropping the middle.
+
+  The start and end of an insert carry its format's markers (the tool
+  response opens, the next model turn opens), so those are kept and
+  `marker_ids` (e.g. the tokens of ' ... ') stand in for what was dropped.
+  """
+  ids = list(ids)
+  if len(ids) <= cap:
+    return ids
+  marker_ids = list(marker_ids)[:max(cap - 2, 0)]
+  room = cap - len(marker_ids)
+  head = (room + 1) // 2
+  tail = room - head
+  return ids[:head] + marker_ids + (ids[len(ids) - tail:] if tail else [])
+
+
+class EpisodeRollout:
+  """Samples multi-turn episodes with a `rollout.Rollout`'s sampler."""
+
+  def __init__(self, rollout, make_environment, max_turn_tokens,
+               max_insert_tokens):
+    """Wraps a single-turn `Rollout` (its sampler, prefill and stops).
+
+    Args:
+      rollout: `rollout.Rollout` over the policy.
+      make_environment: () -> a fresh environment (`reset(example)`,
+        `step(turn_text) -> Reply`), one per row and episode.
+      max_turn_tokens: a model turn longer than this ends the episode
+        (finish 'turn_tokens').
+      max_insert_tokens: an insert longer than this is cut in the middle.
+    """
+    if max_turn_tokens < 1 or max_insert_tokens < 8:
+      raise ValueError(
+          f'max_turn_tokens={max_turn_tokens} must be >= 1 and '
+          f'max_insert_tokens={max_insert_tokens} >= 8.')
+    self.rollout = rollout
+    self.tokenizer = rollout.tokenizer
+    self.make_environment = make_environment
+    self.max_turn_tokens = int(max_turn_tokens)
+    self.max_insert_tokens = int(max_insert_tokens)
+    self._marker_ids = [int(t) for t in self.tokenizer.encode(' ... ')]
+    sampler = rollout.sampler
+    loop = self._decode_loop
+    if rollout.cpu_decode_graph:
+      def loop(*args):  # pylint: disable=function-redefined
+        with decode.cpu_sampling():
+          return self._decode_loop(*args)
+      options = decode.DECODE_COMPILER_OPTIONS
+    else:
+      options = None
+    self._compiled_loop = jax.jit(loop, donate_argnums=(1,),
+                                  compiler_options=options)
+    self._pad = sampler.tokenizer.pad_id()
+    # Host seconds spent in environments during the last `generate`.
+    self.last_host_seconds = 0.0
+    self.last_decode_calls = 0
+
+  @property
+  def decode_fn(self):
+    """Jitted (params, state, forced_tokens, forced, turn_start, turn_cap)
+    -> state: the whole multi-turn decode loop."""
+    return self._compiled_loop
+
+  @property
+  def end_ids(self):
+    return self.rollout.end_ids
+
+  def _decode_loop(self, params, state, forced_tokens, forced, turn_start,
+                   turn_cap):
+    """Decodes until a row ends a turn, every row is done, or the limit.
+
+    Mirrors tunix's decode step (`Sampler._sample_step`) with three
+    changes: positions count the real tokens before the column; a row with
+    a forced token at the next column writes it instead of its sample (and
+    is not ended by it, even when it is an end token: inserts hold
+    `<end_of_turn>`); a row that is done writes the pad id (it waits, or
+    has finished), which every later query masks out.
+    """
+    # pylint: disable=protected-access
+    sampler = self.rollout.sampler
+    pad = self._pad
+    eos = sampler.eos_ids
+    entry_done = state.done
+    width = state.token_buffer.shape[1]
+    columns = jnp.arange(width)[None, :]
+    rows = jnp.arange(state.token_buffer.shape[0])
+
+    def cond(s):
+      return ((s.decoding_step < s.total_sampling_steps)
+              & jnp.any(~s.done) & ~jnp.any(s.done & ~entry_done))
+
+    def body(s):
+      step = s.decoding_step
+      real = (s.token_buffer != pad) & (columns < step)
+      positions = real.sum(axis=1, dtype=jnp.int32)[:, None]
+      last = s.token_buffer[rows, step][:, None]
+      attention_mask = sampler_utils.compute_attention_masks(
+          step, sampler.cache_config.cache_size, s.token_buffer == pad)
+      transformer = nnx.merge(sampler._transformer_graphdef, params)
+      logits, cache = transformer(last, positions=positions, cache=s.cache,
+                                  attention_mask=attention_mask)
+      n = sampler._sample(logits=logits, cache=cache, eos=eos,
+                          sampler_state=s)
+      col = step + 1
+      is_forced = forced[rows, col]
+      sampled = n.token_buffer[rows, col]
+      token = jnp.where(is_forced, forced_tokens[rows, col],
+                        jnp.where(s.done, pad, sampled))
+      logp = jnp.where(is_forced | s.done, 0.0, n.logprobs_buffer[rows, col])
+      ended = jnp.isin(token, eos) | (col + 1 - turn_start >= turn_cap)
+      done = (s.done | ended) & ~is_forced
+      return n.replace(
+          token_buffer=n.token_buffer.at[:, col].set(token),
+          logprobs_buffer=n.logprobs_buffer.at[:, col].set(logp),
+          done=done,
+      )
+
+    return jax.lax.while_loop(cond, body, state)
+    # pylint: enable=protected-access
+
+  def _put_rows(self, x):
+    """A host array of per-row values, placed like the sampler's rows."""
+    mesh = self.rollout.mesh
+    if mesh is None:
+      return jnp.asarray(x)
+    return sharding.put_global(
+        x, sharding.batch_sharding(mesh, np.ndim(x), rows=len(x)))
+
+  def generate(self, prompt_tokens, max_steps, seed, temperature=0.0,
+               top_k=0, top_p=1.0, rows=None, num_generations=1,
+               examples=None):
+    """Samples one episode per row: `Rollout.generate` with environments.
+
+    Args:
+      prompt_tokens: int32 [N, P] left-padded prompts (the global batch).
+      max_steps: completion columns C: model turns and inserts together.
+      seed: sampling seed.
+      temperature, top_k, top_p: as `Rollout.generate`.
+      rows: indices of the rows to return (of N x G), None = all.
+      num_generations: G episodes per prompt (one shared prefill).
+      examples: N dicts (the prompt rows' examples), each given to its G
+        environments' `reset`; None gives every environment {}.
+
+    Returns:
+      `rollout.Completions` of the chosen rows with `input_mask` and
+      `episodes` set; `texts` are the final turns' texts.
+    """
+    roll = self.rollout
+    prompt_tokens = np.asarray(prompt_tokens, dtype=np.int32)
+    num_prompts, num_prompt = prompt_tokens.shape
+    g = int(num_generations)
+    if g < 1:
+      raise ValueError(f'num_generations={g} must be >= 1.')
+    total_steps = num_prompt + max_steps
+    greedy = temperature <= 0
+    state = roll.init_state(
+        prompt_tokens, total_steps, seed, temperature=float(temperature),
+        top_p=None if greedy else float(top_p),
+        top_k=None if greedy or not top_k else int(top_k))
+    params = roll.params
+    state = roll.prefill_fn(params, state, num_generations=g)
+    n = num_prompts * g
+    examples = [{}] * num_prompts if examples is None else list(examples)
+    envs = []
+    for i in range(n):
+      env = self.make_environment()
+      env.reset(dict(examples[i // g]))
+      envs.append(env)
+    forced_np = np.zeros((n, total_steps), bool)
+    forced_tokens_np = np.zeros((n, total_steps), np.int32)
+    turn_start = np.full((n,), num_prompt, np.int32)
+    finish = [None] * n
+    end_col = np.full((n,), total_steps - 1, np.int64)
+    turns = [[] for _ in range(n)]  # Per row: [(start, end)] of model turns.
+    host_seconds, calls = 0.0, 0
+    forced = self._put_rows(forced_np)
+    forced_tokens = self._put_rows(forced_tokens_np)
+    cap = jnp.int32(self.max_turn_tokens)
+    chunk = roll.decode_chunk_steps if roll.stop_sequences else None
+    while True:
+      # state.decoding_step is the last column written (the prefill wrote
+      # column num_prompt). Rows the prefill ended are seen here first.
+      step = int(state.decoding_step)
+      tokens = np.array(sharding.to_host(state.token_buffer))
+      done = np.array(sharding.to_host(state.done))
+      started = time.perf_counter()
+      new_done = done.copy()
+      holes = []  # (row, first, last) columns sampled past a stop text.
+      inserts = {}
+      for r in range(n):
+        if finish[r] is not None:
+          continue
+        end = self._turn_end(tokens[r], turn_start[r], step, done[r])
+        if end is None:  # Still in its turn.
+          if step < total_steps - 1:
+            continue
+          end = step  # Out of columns mid-turn.
+          finish[r] = FINISH_COLUMNS
+        elif end < 0:  # At the per-turn cap, without an end.
+          end = step
+          finish[r] = FINISH_TURN_TOKENS
+        turns[r].append((turn_start[r], end + 1))
+        end_col[r] = end
+        if finish[r] is None:
+          reply = envs[r].step(
+              self._turn_text(tokens[r, turn_start[r]:end + 1]))
+          if reply.done or reply.text is None:
+            finish[r] = reply.finish or FINISH_ANSWER
+          else:
+            ids = truncate_middle(
+                [int(t) for t in self.tokenizer.encode(reply.text)],
+                self.max_insert_tokens, self._marker_ids)
+            # After what the loop wrote, with room for one sampled token.
+            start = step + 1
+            if start + len(ids) + 1 > total_steps - 1:
+              finish[r] = FINISH_COLUMNS
+            else:
+              inserts[r] = (start, ids)
+              if end < step:
+                holes.append((r, end + 1, step))
+        new_done[r] = r not in inserts
+      host_seconds += time.perf_counter() - started
+      self._check_same_inserts(inserts)
+      if holes:
+        # A stop text ended the turn before the chunk did: the columns
+        # sampled after it become pad, which every later query masks out.
+        for r, first, last in holes:
+          tokens[r, first:last + 1] = self._pad
+        state = state.replace(token_buffer=self._put_rows(tokens))
+      if inserts or (new_done != done).any():
+        for r, (start, ids) in inserts.items():
+          forced_np[r, start:start + len(ids)] = True
+          forced_tokens_np[r, start:start + len(ids)] = ids
+          turn_start[r] = start + len(ids)
+        forced = self._put_rows(forced_np)
+        forced_tokens = self._put_rows(forced_tokens_np)
+        state = state.replace(done=self._put_rows(new_done))
+      if all(f is not None for f in finish) or step >= total_steps - 1:
+        break
+      limit = total_steps if chunk is None else min(step + chunk,
+                                                    total_steps)
+      state = self._compiled_loop(
+          params, state.replace(total_sampling_steps=limit), forced_tokens,
+          forced, self._put_rows(turn_start), cap)
+      calls += 1
+    for r in range(n):
+      if finish[r] is None:  # Defensive: the loop ends every row.
+        finish[r], end_col[r] = FINISH_COLUMNS, total_steps - 1
+        turns[r].append((turn_start[r], total_steps))
+    self.last_host_seconds = host_seconds
+    self.last_decode_calls = calls
+    tokens = sharding.to_host(state.token_buffer)
+    logps = sharding.to_host(state.logprobs_buffer)
+    chosen = range(n) if rows is None else [int(i) for i in rows]
+    return self._completions(
+        [tokens[r] for r in chosen], [logps[r] for r in chosen],
+        [forced_np[r] for r in chosen], [turns[r] for r in chosen],
+        [end_col[r] for r in chosen], [finish[r] for r in chosen],
+        [envs[r] for r in chosen], num_prompt)
+
+  def _turn_end(self, row, start, step, done):
+    """Where the turn that began at column `start` ended, as of `step`.
+
+    Returns the column of its end token or of the token completing a stop
+    text; -1 when the decode loop stopped it at the per-turn cap; None
+    while it goes on.
+    """
+    turn = row[start:step + 1]
+    if done:
+      is_end = np.isin(turn, self.end_ids)
+      if not is_end.any():
+        return -1
+      end = int(is_end.argmax())
+    else:
+      end = len(turn)
+    if self.rollout.stop_sequences:
+      stop = rollout_lib.ending_tokens(
+          turn[None, :end], self.end_ids, self.tokenizer,
+          self.rollout.stop_sequences)[0]
+      end = min(end, int(stop))
+    return start + end if end < len(turn) else None
+
+  def _turn_text(self, ids):
+    """A model turn's text: its end token and any stop text left out."""
+    text = self.tokenizer.decode(
+        [int(t) for t in ids if int(t) not in self.end_ids])
+    stop = rollout_lib._first_stop(text, self.rollout.stop_sequences)  # pylint: disable=protected-access
+    return text if stop is None else text[:stop]
+
+  def _check_same_inserts(self, inserts):
+    """Refuses when processes would insert different tokens."""
+    if jax.process_count() == 1:
+      return
+    digest = hashlib.sha256(repr(sorted(inserts.items())).encode()).digest()
+    mine = np.frombuffer(digest, np.uint8)[None]
+    every = np.asarray(multihost_utils.process_allgather(mine))
+    if not (every == mine).all():
+      raise RuntimeError(
+          'The processes would insert different tool results into the '
+          'same rows; tools must give the same result for the same call '
+          'on every process (no randomness, clocks or host state).')
+
+  def _completions(self, tokens, logps, forced, turns, end_col, finish,
+                   envs, num_prompt):
+    """`Completions` and `Episode`s of the chosen rows."""
+    pad = pipeline.PAD_ID
+    count = len(tokens)
+    width = len(tokens[0]) - num_prompt if count else 0
+    columns = np.arange(width)
+    out_tokens = np.full((count, width), pad, np.int32)
+    mask = np.zeros((count, width), np.float32)
+    input_mask = np.zeros((count, width), np.float32)
+    out_logps = np.zeros((count, width), np.float32)
+    episodes, texts = [], []
+    for i in range(count):
+      row = tokens[i][num_prompt:]
+      kept = columns <= int(end_col[i]) - num_prompt
+      out_tokens[i] = np.where(kept, row, pad)
+      real = out_tokens[i] != pad
+      model = real & ~forced[i][num_prompt:]
+      input_mask[i] = real
+      mask[i] = model
+      out_logps[i] = np.where(model, logps[i][num_prompt:], 0.0)
+      start, stop = turns[i][-1]
+      texts.append(self._turn_text(tokens[i][start:stop]))
+      env = envs[i]
+      episodes.append(Episode(
+          transcript=self.transcript(out_tokens[i][real]),
+          final_text=texts[-1],
+          tool_calls=list(getattr(env, 'tool_calls', [])),
+          finish=finish[i],
+          turns=len(turns[i]),
+          model_tokens=int(model.sum()),
+          insert_tokens=int(real.sum() - model.sum()),
+          stats=dict(getattr(env, 'stats', {}) or {}),
+      ))
+    lengths = mask.sum(axis=1).astype(np.int32)
+    truncated = np.array([e.cut for e in episodes], bool)
+    return rollout_lib.Completions(
+        out_tokens, mask, lengths, truncated, texts, out_logps,
+        input_mask=input_mask, episodes=episodes)
+
+  def transcript(self, ids):
+    """An episode's tokens as text, end tokens spelled out (`<end_of_turn>`)
+    so that turns show."""
+    parts, run = [], []
+    for t in (int(t) for t in ids):
+      if t in self.end_ids:
+        parts.append(self.tokenizer.decode(run))
+        parts.append(self.tokenizer.id_to_piece(t))
+        run = []
+      else:
+        run.append(t)
+    parts.append(self.tokenizer.decode(run))
+    return ''.join(parts)

@@ -1,0 +1,176 @@
+"""Tests for agent_tunix.rl.episodes: multi-turn rollouts that pause rows,
+insert an environment's text as forced tokens and resume in the same KV
+cache (tiny random Gemma 3, CPU)."""
+
+import dataclasses
+import os
+
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+import numpy as np
+import pytest
+
+from agent_tunix import models
+from agent_tunix.data import pipeline
+from agent_tunix.rl import episodes
+from agent_tunix.rl import logprobs
+from agent_tunix.rl import rollout
+from agent_tunix.tpu import sharding
+from configs import tiny
+
+_PROMPT_LEN = 16
+_STEPS = 40
+PAD = pipeline.PAD_ID
+
+
+@dataclasses.dataclass
+class _Reply:
+  text: str | None
+  done: bool
+  finish: str | None = None
+
+
+class _Scripted:
+  """Answers the first `len(inserts)` turns with the given texts, then
+  ends the episode; records the turns it saw."""
+
+  def __init__(self, inserts):
+    self.inserts = list(inserts)
+    self.seen = []
+    self.tool_calls = []
+
+  def reset(self, example):
+    self.example = example
+
+  def step(self, turn_text):
+    self.seen.append(turn_text)
+    if len(self.seen) <= len(self.inserts):
+      self.tool_calls.append({'name': 'scripted', 'result': 'x'})
+      return _Reply(self.inserts[len(self.seen) - 1], False)
+    return _Reply(None, True, 'answer')
+
+
+@pytest.fixture(scope='module')
+def tiny_model():
+  config = tiny.get_config()
+  return models.build(config, sharding.make_mesh(config.mesh))
+
+
+@pytest.fixture(scope='module')
+def prompts(tiny_model):
+  _, tokenizer = tiny_model
+  return np.stack([
+      pipeline.encode_prompt(text, tokenizer, _PROMPT_LEN)[0]
+      for text in ('What is 2 + 3?', 'Name a colour.')
+  ])
+
+
+def _with_many_end_tokens(roll):
+  """The tiny random model never samples <end_of_turn>: here every eighth
+  token id also ends a turn, so its turns end after ~8 tokens."""
+  roll.end_ids = sorted(set(roll.end_ids) | set(range(8, 262144, 8)))
+  roll.sampler.eos_ids = np.array(roll.end_ids, np.int32)
+  return roll
+
+
+@pytest.fixture(scope='module')
+def episode_rollout(tiny_model):
+  model, tokenizer = tiny_model
+  roll = _with_many_end_tokens(
+      rollout.Rollout(model, tokenizer, cache_size=_PROMPT_LEN + _STEPS))
+  envs = []
+
+  def make():
+    envs.append(_Scripted(['\n<start_of_turn>user\nresult: 42'
+                           '<end_of_turn>\n<start_of_turn>model\n']))
+    return envs[-1]
+
+  return episodes.EpisodeRollout(roll, make, max_turn_tokens=16,
+                                 max_insert_tokens=32), envs
+
+
+def _trainer_logps(model, prompts, out, group):
+  tokens = np.concatenate([np.repeat(prompts, group, axis=0), out.tokens], 1)
+  input_mask = np.concatenate(
+      [np.repeat(prompts, group, axis=0) != PAD, out.attended > 0], axis=1)
+  logps, _ = logprobs.per_token_logps(
+      model, jnp.asarray(tokens), jnp.asarray(input_mask),
+      out.tokens.shape[1], chunk_size=8, group=group)
+  return np.asarray(logps)
+
+
+@pytest.mark.parametrize('temperature', [0.0, 1.0])
+def test_episode_inserts_forced_tokens_and_trainer_agrees(
+    tiny_model, prompts, episode_rollout, temperature):
+  model, tokenizer = tiny_model
+  sampler, envs = episode_rollout
+  envs.clear()
+  out = sampler.generate(prompts, _STEPS, seed=3, temperature=temperature,
+                         top_k=0, top_p=1.0, num_generations=2,
+                         examples=[{'q': 0}, {'q': 1}])
+  assert out.tokens.shape == (4, _STEPS)
+  insert = [int(t) for t in tokenizer.encode(
+      '\n<start_of_turn>user\nresult: 42<end_of_turn>\n'
+      '<start_of_turn>model\n')]
+  inserted = 0
+  for i, episode in enumerate(out.episodes):
+    real = out.input_mask[i] > 0
+    forced = real & (out.mask[i] == 0)
+    assert envs[i].example == {'q': i // 2}
+    if episode.finish == 'answer':  # Two turns: the insert sits between.
+      assert episode.turns == 2 and len(envs[i].seen) == 2
+      ids = out.tokens[i][forced].tolist()
+      assert ids == insert
+      # The inserted <end_of_turn> did not end the row: it went on after.
+      last_forced = np.nonzero(forced)[0][-1]
+      assert out.mask[i, last_forced + 1] == 1
+      assert episode.insert_tokens == len(insert)
+      assert 'result: 42<end_of_turn>' in episode.transcript
+      inserted += 1
+    # Only real tokens up to the end; no holes; lengths count model tokens.
+    last = np.nonzero(real)[0][-1]
+    assert real[:last + 1].all() and not real[last + 1:].any()
+    assert out.lengths[i] == out.mask[i].sum() == episode.model_tokens
+    assert (out.tokens[i][~real] == PAD).all()
+    assert (out.logps[i][out.mask[i] == 0] == 0).all()
+  assert inserted >= 2, [e.finish for e in out.episodes]
+  # The trainer's forward over [prompt | turns and inserts] gives the
+  # sampler's log-probs of the policy's tokens.
+  want = _trainer_logps(model, prompts, out, group=2)
+  model_tokens = out.mask > 0
+  np.testing.assert_allclose(out.logps[model_tokens], want[model_tokens],
+                             atol=2e-4)
+
+
+def test_resumed_turn_equals_a_fresh_prefill_of_the_same_ids(
+    tiny_model, prompts, episode_rollout):
+  """Greedy: the second turn after an insert is what the model samples from
+  a prompt that already holds turn one and the insert."""
+  model, tokenizer = tiny_model
+  sampler, _ = episode_rollout
+  out = sampler.generate(prompts[:1], _STEPS, seed=0)
+  episode = out.episodes[0]
+  assert episode.turns == 2, episode
+  real = out.input_mask[0] > 0
+  forced = np.nonzero(real & (out.mask[0] == 0))[0]
+  head = out.tokens[0][:forced[-1] + 1]  # Turn one and the insert.
+  rest = out.tokens[0][forced[-1] + 1:][real[forced[-1] + 1:]]
+  prompt = np.concatenate([prompts[0][prompts[0] != PAD], head])
+  bucket = np.full((len(prompt) + 2,), PAD, np.int32)
+  bucket[2:] = prompt
+  plain = _with_many_end_tokens(rollout.Rollout(
+      model, tokenizer, cache_size=len(bucket) + len(rest) + 1))
+  fresh = plain.generate(bucket[None], len(rest), seed=0)
+  np.testing.assert_array_equal(fresh.tokens[0][:len(rest)], rest)
+  np.testing.assert_allclose(fresh.logps[0][:len(rest)],
+                             out.logps[0][forced[-1] + 1:][real[forced[-1] + 1:]],
+                             atol=2e-4)
+
+
+def test_truncate_middle_keeps_both_ends():
+  ids = list(range(100))
+  got = episodes.truncate_middle(ids, 12, [-1, -2])
+  assert len(got) == 12 and got[:5] == [0, 1, 2, 3, 4]
+  assert got[5:7] == [-1, -2] and got[7:] == [95, 96, 97, 98, 99]
+  assert episodes.truncate_middle(ids[:5], 12, [-1]) == ids[:5]
