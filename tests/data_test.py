@@ -68,7 +68,7 @@ def test_synthetic_is_deterministic_by_seed():
   assert [e['question'] for e in first] != [e['question'] for e in other]
 
 
-@pytest.mark.parametrize('difficulty', [1, 2, 3])
+@pytest.mark.parametrize('difficulty', [1, 2, 3, 4])
 def test_synthetic_splits_are_disjoint_and_unique(difficulty):
   train = {
       e['question']
@@ -81,7 +81,7 @@ def test_synthetic_splits_are_disjoint_and_unique(difficulty):
   assert not train & set(evals)
 
 
-@pytest.mark.parametrize('difficulty', [1, 2, 3])
+@pytest.mark.parametrize('difficulty', [1, 2, 3, 4])
 def test_synthetic_answers_follow_the_worked_solution(difficulty):
   for example in synthetic.generate('train', 300, difficulty, seed=7):
     answer = int(example['answer'])
@@ -93,7 +93,7 @@ def test_synthetic_answers_follow_the_worked_solution(difficulty):
 def test_synthetic_templates_rederived_from_question():
   rng = np.random.default_rng(0)
   for _ in range(50):
-    for level in (1, 2, 3):
+    for level in (1, 2, 3, 4):
       ex, _ = synthetic.make_example(rng, 'price_quantity', level)
       q, p = map(int, re.search(r'buys (\d+) .* \$(\d+) each', ex['question'])
                  .groups())
@@ -117,6 +117,17 @@ def test_synthetic_templates_rederived_from_question():
       assert int(ex['answer']) == sum(int(s) * int(t) for s, t in legs)
 
 
+def test_calculator_difficulty_needs_big_multi_step_arithmetic():
+  examples = synthetic.generate('train', 300, difficulty=4, seed=1)
+  for example in examples:
+    steps = re.findall(r'(\d+) [-+*/] (\d+) =', example['reasoning'])
+    assert 2 <= len(steps) <= 3, example
+    # Every problem multiplies a 2-digit number by at least a 2-digit one
+    # and has a 3- or 4-digit operand somewhere.
+    assert any(len(a) >= 3 or len(b) >= 3 for a, b in steps), example
+    assert any(min(len(a), len(b)) >= 2 for a, b in steps), example
+
+
 def test_distractors_add_numbers_but_keep_the_answer():
   plain, key = synthetic.make_example(np.random.default_rng(5), 'wage', 3, 0)
   noisy, key2 = synthetic.make_example(np.random.default_rng(5), 'wage', 3, 2)
@@ -127,7 +138,7 @@ def test_distractors_add_numbers_but_keep_the_answer():
 
 def test_synthetic_rejects_bad_arguments():
   with pytest.raises(ValueError, match='difficulty'):
-    synthetic.generate('train', 10, difficulty=4)
+    synthetic.generate('train', 10, difficulty=5)
   with pytest.raises(ValueError, match='split'):
     synthetic.generate('valid', 10)
   with pytest.raises(ValueError, match='num_train_examples'):

@@ -11,6 +11,10 @@ Difficulty:
   2: one or two operations, larger numbers, sometimes one distractor sentence.
   3: two or three operations, larger numbers, one or two distractor sentences
      that mention irrelevant numbers.
+  4: two or three operations on 2- to 4-digit numbers (e.g. 286 * 12, then
+     1000s added or taken away), sometimes one distractor: arithmetic a
+     small model gets wrong in its head and right with a calculator tool
+     (`agent.tools='calculator'`).
 
 Train and eval never overlap, by construction and by check:
   * the split name is part of the generator seed, and
@@ -73,12 +77,12 @@ _JOBS = (
 _TREATS = ('cookies', 'muffins', 'cupcakes', 'rolls', 'tarts')
 
 # Inclusive (low, high) ranges by difficulty.
-_COUNT = {1: (2, 20), 2: (5, 60), 3: (12, 250)}
-_FACTOR = {1: (2, 9), 2: (2, 12), 3: (3, 25)}
-_PRICE = {1: (1, 10), 2: (2, 25), 3: (5, 60)}
-_SPEED = {1: (3, 15), 2: (10, 80), 3: (20, 120)}
-_HOURS_A_DAY = {1: (2, 8), 2: (2, 10), 3: (3, 12)}
-_BILLS = (5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+_COUNT = {1: (2, 20), 2: (5, 60), 3: (12, 250), 4: (120, 2500)}
+_FACTOR = {1: (2, 9), 2: (2, 12), 3: (3, 25), 4: (12, 48)}
+_PRICE = {1: (1, 10), 2: (2, 25), 3: (5, 60), 4: (15, 250)}
+_SPEED = {1: (3, 15), 2: (10, 80), 3: (20, 120), 4: (45, 180)}
+_HOURS_A_DAY = {1: (2, 8), 2: (2, 10), 3: (3, 12), 4: (3, 12)}
+_BILLS = (5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,6 +408,7 @@ LEVEL_TEMPLATES = {
         'change', 'packs', 'wage'),
     3: ('change', 'packs', 'packs_give', 'wage', 'wage_spend', 'trip',
         'bake_share'),
+    4: ('change', 'packs', 'packs_give', 'wage', 'wage_spend', 'trip'),
 }
 
 
@@ -428,7 +433,7 @@ def _distractor(rng, context):
 def _num_distractors(rng, level):
   if level == 1:
     return 0
-  if level == 2:
+  if level in (2, 4):
     return int(rng.random() < 0.5)
   return _int(rng, (1, 2))
 
@@ -439,7 +444,7 @@ def make_example(rng, template, difficulty, num_distractors=0):
   Args:
     rng: A `np.random.Generator`.
     template: A key of `TEMPLATES`.
-    difficulty: 1, 2 or 3; sets the number ranges.
+    difficulty: 1 to 4; sets the number ranges.
     num_distractors: Sentences with irrelevant numbers to insert among the
       statements.
 
@@ -478,8 +483,8 @@ def in_eval_part(key):
 def _check_difficulty(difficulty):
   if difficulty not in LEVEL_TEMPLATES:
     raise ValueError(
-        f'Synthetic difficulty must be 1, 2 or 3, got {difficulty!r}; set '
-        'data.difficulty accordingly.'
+        f'Synthetic difficulty must be one of {sorted(LEVEL_TEMPLATES)}, got '
+        f'{difficulty!r}; set data.difficulty accordingly.'
     )
 
 
@@ -489,7 +494,7 @@ def generate(split, num_examples, difficulty=2, seed=0):
   Args:
     split: 'train', or 'eval' (alias 'test') for the held-out split.
     num_examples: How many examples to return (> 0).
-    difficulty: 1, 2 or 3 (see module docstring).
+    difficulty: 1 to 4 (see module docstring).
     seed: Non-negative integer; same arguments give the same examples.
 
   Returns:
