@@ -257,10 +257,8 @@ def update_batch(config, mesh, completion_len=None):
   hp = grpo.hparams_from_config(config)
   if hp.needs_reference:
     shapes['ref_logps'] = ((rows, c), jnp.float32)
-  if hp.maxent_tau > 0:
-    shapes['rewards'] = ((rows,), jnp.float32)
-  if g.kl_target > 0:
-    shapes['kl_coeff'] = ((rows,), jnp.float32)
+  for key in grpo.optional_inputs(config):
+    shapes[key] = ((rows,), jnp.float32)
   if g.num_iterations > 1:
     shapes['old_logps'] = ((rows, c), jnp.float32)
   return {

@@ -257,6 +257,31 @@ def test_hparams_from_base_config():
     grpo.StepHParams(temperature=0.0)
 
 
+def test_optional_inputs_follow_the_config():
+  import ml_collections  # pylint: disable=g-import-not-at-top
+
+  def config(maxent_tau, kl_target):
+    return ml_collections.ConfigDict(
+        {'grpo': {'maxent_tau': maxent_tau, 'kl_target': kl_target}})
+
+  def update():
+    # Dynamic sampling's batches carry the rewards whatever the config.
+    return {'advantages': np.zeros(4, np.float32),
+            'rewards': np.ones(4, np.float32)}
+
+  assert grpo.optional_inputs(config(0.0, 0.0)) == ()
+  assert set(grpo.set_optional_inputs(update(), config(0.0, 0.0), [1] * 4,
+                                      0.1)) == {'advantages'}
+  both = config(0.5, 0.01)
+  assert grpo.optional_inputs(both) == ('rewards', 'kl_coeff')
+  batch = grpo.set_optional_inputs(update(), both, [1, 2, 3, 4], 0.25)
+  np.testing.assert_array_equal(batch['rewards'], [1, 2, 3, 4])
+  np.testing.assert_array_equal(batch['kl_coeff'], [0.25] * 4)
+  assert batch['rewards'].dtype == batch['kl_coeff'].dtype == np.float32
+  assert set(grpo.set_optional_inputs(update(), config(0.0, 0.01), None,
+                                      0.2)) == {'advantages', 'kl_coeff'}
+
+
 # ---------------------------------------------------------------- the model
 
 

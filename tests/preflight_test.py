@@ -196,9 +196,14 @@ def test_a_bad_topology_exits_2_with_one_line():
   assert "preflight: --topology='v5litepod-3'" in out.stderr
 
 
-def test_update_batch_matches_a_real_rollout():
+@pytest.mark.parametrize('fields', [
+    {},
+    # MaxEnt reads the rows' rewards; adaptive KL the step's coefficient.
+    {'grpo.maxent_tau': 0.5, 'grpo.kl_target': 0.01},
+])
+def test_update_batch_matches_a_real_rollout(fields):
   from agent_tunix.run import train  # pylint: disable=g-import-not-at-top
-  config = _tiny()
+  config = _tiny(**fields)
   session = train.setup(config, '/unused', with_data=True)
   update, *_ = train.rollout_batch(session, next(session.train_iter), 1)
   update['ref_logps'] = np.zeros_like(update['completion_mask'])

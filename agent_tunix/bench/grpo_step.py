@@ -51,10 +51,8 @@ def ours_grpo(ctx):
         'completion_mask': out.mask,
         'advantages': advantages,
     }
-    if hp.maxent_tau > 0:
-      update['rewards'] = rewards  # MaxEnt-GRPO's advantages come from them.
-    if g.kl_target > 0:
-      update['kl_coeff'] = np.full(len(rewards), hp.beta, np.float32)
+    # The bench holds an adaptive KL coefficient at its starting value.
+    grpo.set_optional_inputs(update, config, rewards, hp.beta)
     batch = sharding.shard_batch(update, ctx.mesh)
     t2 = records.now()
     if hp.needs_reference:

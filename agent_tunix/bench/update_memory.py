@@ -95,11 +95,8 @@ def synthetic_update(ctx):
     update['ref_logps'] = -np.abs(rng.standard_normal((rows, c))).astype(
         np.float32
     ) - 5.0
-  if hp.maxent_tau > 0:
-    update['rewards'] = rng.standard_normal(rows).astype(np.float32)
-  if g.kl_target > 0:
-    update['kl_coeff'] = np.full(rows, hp.beta, np.float32)
-  return update
+  return grpo.set_optional_inputs(
+      update, config, rng.standard_normal(rows), hp.beta)
 
 
 def memory_measurement(ctx):

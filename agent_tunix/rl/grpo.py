@@ -52,6 +52,7 @@ from typing import Any
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from agent_tunix.rl import logprobs
@@ -216,6 +217,45 @@ def initial_kl_coeff(config: Any) -> float:
   if g.kl_target > 0 and g.init_kl_coeff > 0:
     return float(g.init_kl_coeff)
   return float(g.beta)
+
+
+def optional_inputs(config: Any) -> tuple[str, ...]:
+  """The optional per-row inputs the update of `config` reads.
+
+  'rewards' with MaxEnt-GRPO (grpo.maxent_tau > 0: its advantages come from
+  them) and 'kl_coeff' with the adaptive KL controller (grpo.kl_target > 0:
+  the step's coefficient, which the static `StepHParams` cannot carry).
+  Every builder of an update batch (the train loop, the preflight, the
+  benchmarks) adds these and only these (`set_optional_inputs`).
+  """
+  g = config.grpo
+  return ((('rewards',) if g.maxent_tau > 0 else ()) +
+          (('kl_coeff',) if g.kl_target > 0 else ()))
+
+
+def set_optional_inputs(update: dict[str, Any], config: Any, rewards: Any,
+                        kl_coeff: float) -> dict[str, Any]:
+  """Puts `optional_inputs(config)` into a host batch; drops the others.
+
+  Args:
+    update: host arrays in the module docstring's layout; changed in place.
+    config: the run's config.
+    rewards: [N] total reward of each row.
+    kl_coeff: the KL coefficient of this update (every row gets it).
+
+  Returns:
+    `update`.
+  """
+  wanted = optional_inputs(config)
+  rows = len(update['advantages'])
+  values = {'rewards': lambda: np.asarray(rewards, np.float32),
+            'kl_coeff': lambda: np.full(rows, kl_coeff, np.float32)}
+  for key, value in values.items():
+    if key in wanted:
+      update[key] = value()
+    else:
+      update.pop(key, None)
+  return update
 
 
 def hparams_from_config(config: Any) -> StepHParams:

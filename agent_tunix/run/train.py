@@ -144,7 +144,8 @@ def rollout_batch(session, batch, step):
     step: the step number (picks the sampling seed).
 
   Returns:
-    (update batch of this process's rows for grpo, per-step scalars over all
+    (update batch of this process's rows for grpo, with the optional inputs
+    its update reads (`grpo.set_optional_inputs`), per-step scalars over all
     processes' rows, sample texts of this process's rows, number of
     completion tokens over all processes).
   """
@@ -177,9 +178,7 @@ def rollout_batch(session, batch, step):
       # The update logs sampler/logp_abs_diff from these.
       'sampler_logps': out.logps,
   }
-  if config.grpo.maxent_tau > 0:
-    # MaxEnt-GRPO computes its own advantages from the rewards.
-    update['rewards'] = np.asarray(total, np.float32)
+  grpo.set_optional_inputs(update, config, total, session.kl_coeff)
   samples = (prompts, out.texts, total)
   return update, scalars, samples, gen_tokens
 
@@ -294,8 +293,8 @@ def rollout_dynamic(session, batch, step):
       dynamic_sampling.own_places(batch_size, jax.process_index(),
                                   jax.process_count()),
       g, config.grpo.scale_rewards)
-  if config.grpo.maxent_tau <= 0:
-    del update['rewards']  # Read only by MaxEnt-GRPO.
+  grpo.set_optional_inputs(update, config, update['rewards'],
+                           session.kl_coeff)
   scalars, gen_tokens = _scalars_of_rows({
       'total': np.concatenate([r.group_rewards.reshape(-1) for r in rounds]),
       'per_fn': {k: np.concatenate([r.per_fn[k] for r in rounds])
@@ -324,10 +323,6 @@ def update_policy(session, update):
       np.array([lengths.max(initial=0)])).max())
   bucket = grpo.completion_bucket(longest, update['completion_mask'].shape[1])
   update = grpo.trim_completions(update, bucket)
-  adaptive = config.grpo.kl_target > 0
-  if adaptive:
-    update['kl_coeff'] = np.full(
-        len(update['advantages']), session.kl_coeff, np.float32)
   batch = sharding.shard_batch(update, session.mesh)
   session.last_batch = batch
   if session.hp.needs_reference:
@@ -341,7 +336,7 @@ def update_policy(session, update):
   scalars = {k: float(sharding.to_host(v)) for k, v in step_metrics.items()}
   if session.hp.beta > 0:
     scalars['kl_coeff'] = session.kl_coeff
-  if adaptive:
+  if config.grpo.kl_target > 0:
     # Every process sees the same global KL, so they all agree.
     session.kl_coeff = objectives.adaptive_kl_coeff(
         session.kl_coeff, scalars['kl'], config.grpo.kl_target,
