@@ -203,6 +203,50 @@ def test_single_file_holds_out_its_last_rows(tmp_path):
   assert evals == [f'Q{i} how many?' for i in range(7, 10)]
 
 
+class _Warnings(logging.Handler):
+  """Collects the absl logger's warnings (it may not propagate to caplog)."""
+
+  def __init__(self):
+    super().__init__(logging.WARNING)
+    self.messages = []
+
+  def emit(self, record):
+    self.messages.append(record.getMessage())
+
+
+def test_a_file_serving_both_splits_is_read_and_reported_once(tmp_path,
+                                                               monkeypatch):
+  path = tmp_path / 'all.jsonl'
+  rows = _rows(10) + [{'problem': '', 'solution': '#### 1'}]
+  _write_jsonl(path, rows)
+  config = _config(source='jsonl', path=str(path), prompt_column='problem',
+                   answer_column='solution', bad_rows='skip',
+                   num_train_examples=0, num_eval_examples=3)
+  reads = []
+  read_jsonl = gsm8k._read_jsonl
+  monkeypatch.setattr(gsm8k, '_read_jsonl',
+                      lambda p: reads.append(p) or read_jsonl(p))
+  handler = _Warnings()
+  absl_logger = logging.getLogger('absl')
+  absl_logger.addHandler(handler)
+  try:
+    # As training reads it: the eval split, then the train split.
+    evals = pipeline.load_examples(config, 'eval')
+    train = pipeline.load_examples(config, 'train')
+  finally:
+    absl_logger.removeHandler(handler)
+  assert len(evals) == 3 and len(train) == 7
+  skipped = [m for m in handler.messages if m.startswith('Skipped')]
+  assert skipped == [f'Skipped 1 of 11 rows of {path} with an empty '
+                     'question or an answer without a number '
+                     "(data.bad_rows='skip')."]
+  assert reads == [str(path)]
+  # A changed file is read again.
+  _write_jsonl(path, rows[:5] + rows[-1:] + rows[:1])
+  assert len(pipeline.load_examples(config, 'train')) == 3
+  assert len(reads) == 2
+
+
 def test_plain_answers_and_missing_columns(tmp_path):
   path = tmp_path / 'plain.jsonl'
   _write_jsonl(path, [{'q': 'one?', 'a': ' 1 '}, {'q': 'two?', 'a': 2}])

@@ -35,6 +35,9 @@ exact resume, and `grain.checkpoint.CheckpointSave` /
 `grain.checkpoint.CheckpointRestore` save it with an Orbax CheckpointManager.
 """
 
+import functools
+import os
+
 from absl import logging
 import grain
 import numpy as np
@@ -118,7 +121,7 @@ def _load_local(name, config, split, limit):
     file_split = 'train' if split == 'train' else 'test'
     return gsm8k.load_file(path.replace('{split}', file_split), limit=limit,
                            **columns)
-  rows = gsm8k.load_file(path, **columns)
+  rows = _whole_file(path, **columns)
   held_out = config.data.num_eval_examples
   if not 0 < held_out < len(rows):
     raise ValueError(
@@ -129,6 +132,28 @@ def _load_local(name, config, split, limit):
     )
   rows = rows[:-held_out] if split == 'train' else rows[-held_out:]
   return rows[:limit] if limit else rows
+
+
+def _whole_file(path, **columns):
+  """All rows of a file that serves both splits, read once per version.
+
+  Training reads it for the eval split, then for the train split; the
+  second call gets the first's rows (a new list of the same dicts) unless
+  the file has changed since, so a big file is parsed once and its
+  skipped-rows warning logged once.
+  """
+  try:
+    stat = os.stat(path)
+    version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+  except OSError:
+    version = None  # load_file says what is wrong.
+  return list(_cached_file(path, version, tuple(sorted(columns.items()))))
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_file(path, version, columns):
+  del version  # Only part of the cache key.
+  return tuple(gsm8k.load_file(path, **dict(columns)))
 
 
 def _load_source(name, config, split, limit):
