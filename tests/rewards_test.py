@@ -15,6 +15,7 @@ import pytest
 from agent_tunix import rewards
 from agent_tunix.rewards import format as format_rewards
 from agent_tunix.rewards import math as math_rewards
+from agent_tunix.rewards import registry
 from agent_tunix.rl import evaluation
 
 F = fractions.Fraction
@@ -479,7 +480,7 @@ def test_resolve_errors(user_module, name, message):
 
 
 def test_register(monkeypatch):
-  monkeypatch.setattr(rewards, '_REGISTRY', dict(rewards._REGISTRY))
+  monkeypatch.setattr(registry, '_REGISTRY', dict(registry._REGISTRY))
 
   @rewards.register('always_one')
   def always_one(prompts, completions, **kwargs):

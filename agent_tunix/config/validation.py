@@ -49,25 +49,73 @@ def _require(ok, message):
     raise ConfigError(message)
 
 
-def validate(config, num_devices=None, process_count=1, workdir=None):
+def validate(config, num_devices=None, process_count=1, workdir=None,
+             splits=pipeline.SPLITS):
   """Raises ConfigError for the first invalid field found.
 
-  Reads only: it creates and writes nothing.
+  Every float is checked to be finite first, then each section by its
+  `_check_<section>`, in the order of configs/base.py, then the workdir. A
+  check that reads fields of other sections sits in the section it is about
+  (the batch split over the mesh in `_check_mesh`, after the training and
+  grpo checks). Reads only: it creates and writes nothing.
 
   Args:
     config: the full ml_collections config.
     num_devices: devices the mesh will span (default: jax.device_count()).
     process_count: number of JAX processes (hosts).
     workdir: the run directory a trainer will write; None skips its check.
+    splits: the data splits the caller reads (evaluate: 'eval' alone);
+      the local data files of the others need not exist.
   """
-  _validate_finite(config)
+  _check_finite(config)
+  _check_model(config)
+  _check_data(config, splits)
+  _check_rewards(config)
+  _check_grpo(config)
+  _check_generation(config)
+  _check_optimizer(config)
+  _check_training(config, process_count)
+  _check_checkpoint(config)
+  _check_eval(config)
+  _check_mesh(config, num_devices)
+  _check_alarms(config)
+  _check_logging(config)
+  if workdir is not None:
+    _check_workdir(workdir)
+
+
+def _check_finite(config):
+  """Every float field, in any section, is finite (inf and NaN are typos)."""
+
+  def visit(prefix, node):
+    for key in node.keys():
+      value = node[key]
+      if hasattr(value, 'keys'):
+        visit(f'{prefix}{key}.', value)
+      elif isinstance(value, float):
+        _require(
+            math.isfinite(value),
+            f'config.{prefix}{key}={value} must be a finite number.',
+        )
+
+  visit('', config)
+
+
+def _check_choices(config, section):
+  """The section's fields with a fixed set of values (`_CHOICES`)."""
   for field, choices in _CHOICES.items():
-    value = _get(config, field)
-    _require(
-        value in choices,
-        f'config.{field}={value!r} is not one of {list(choices)}.',
-    )
-  m, g, gen, t = config.model, config.grpo, config.generation, config.training
+    if field.startswith(f'{section}.'):
+      value = _get(config, field)
+      _require(
+          value in choices,
+          f'config.{field}={value!r} is not one of {list(choices)}.',
+      )
+
+
+def _check_model(config):
+  """The model: known choices, an -it preset on -it weights, the LoRA rank."""
+  _check_choices(config, 'model')
+  m = config.model
   _require(
       not (m.source == 'gguf' and gemma.is_instruction_tuned(m.preset)
            and gguf.is_packaged_path(m.path)),
@@ -81,6 +129,61 @@ def validate(config, num_devices=None, process_count=1, workdir=None):
       m.lora_rank >= 0,
       f'config.model.lora_rank={m.lora_rank} must be >= 0 (0 disables LoRA).',
   )
+
+
+def _check_data(config, splits):
+  """The data: known choices, a parsable source and its local files."""
+  _check_choices(config, 'data')
+  try:
+    components = pipeline.parse_source(config.data.source)
+  except ValueError as e:
+    raise ConfigError(f'config.data.source: {e}') from e
+  _check_data_files(config, [name for name, _ in components], splits)
+
+
+def _check_data_files(config, names, splits):
+  """The local data files ('jsonl', 'parquet') of `splits` must exist."""
+  path = config.data.path
+  for name in names:
+    if name not in ('jsonl', 'parquet'):
+      continue
+    _require(
+        bool(path),
+        f"config.data.source uses '{name}', which reads config.data.path; "
+        f'set it to a local {name} file.',
+    )
+    files = dict.fromkeys(pipeline.split_path(path, s) for s in splits)
+    for file in files:
+      _require(
+          os.path.isfile(file),
+          f'config.data.path: no {name} file at {file!r}; check the path.',
+      )
+
+
+def _check_rewards(config):
+  """The overlong penalty fits the completion limit; every function loads."""
+  r, gen = config.rewards, config.generation
+  _require(
+      0 <= r.overlong_buffer <= gen.max_generation_steps,
+      f'config.rewards.overlong_buffer={r.overlong_buffer} must be between 0 '
+      '(off) and config.generation.max_generation_steps='
+      f'{gen.max_generation_steps}.',
+  )
+  _require(
+      r.overlong_penalty >= 0,
+      f'config.rewards.overlong_penalty={r.overlong_penalty} must be >= 0.',
+  )
+  try:
+    for name, _ in rewards.parse_spec(r.functions):
+      rewards.resolve(name)  # Imports 'module:function' rewards.
+  except ValueError as e:
+    raise ConfigError(f'config.rewards.functions: {e}') from e
+
+
+def _check_grpo(config):
+  """GRPO: known choices, group size, KL controller, clipping, sampling."""
+  _check_choices(config, 'grpo')
+  g = config.grpo
   _require(
       g.num_generations >= 2,
       f'config.grpo.num_generations={g.num_generations}: GRPO compares '
@@ -143,21 +246,15 @@ def validate(config, num_devices=None, process_count=1, workdir=None):
       f'config.grpo.max_sampling_rounds={g.max_sampling_rounds} must be >= 1 '
       '(1 = sample one batch per step).',
   )
-  r = config.rewards
-  _require(
-      0 <= r.overlong_buffer <= gen.max_generation_steps,
-      f'config.rewards.overlong_buffer={r.overlong_buffer} must be between 0 '
-      '(off) and config.generation.max_generation_steps='
-      f'{gen.max_generation_steps}.',
-  )
-  _require(
-      r.overlong_penalty >= 0,
-      f'config.rewards.overlong_penalty={r.overlong_penalty} must be >= 0.',
-  )
   _require(
       g.logps_chunk_size >= 1,
       f'config.grpo.logps_chunk_size={g.logps_chunk_size} must be >= 1.',
   )
+
+
+def _check_generation(config):
+  """Rollouts: lengths that fit the KV cache (evaluation's too), sampling."""
+  gen = config.generation
   for field in ('max_prompt_length', 'max_generation_steps'):
     _require(
         gen[field] >= 1,
@@ -196,6 +293,29 @@ def validate(config, num_devices=None, process_count=1, workdir=None):
   _require(
       gen.top_k >= 0, f'config.generation.top_k={gen.top_k} must be >= 0.'
   )
+
+
+def _check_optimizer(config):
+  """AdamW: a positive learning rate, a warmup share, clipping >= 0."""
+  opt = config.optimizer
+  _require(
+      opt.learning_rate > 0,
+      f'config.optimizer.learning_rate={opt.learning_rate} must be > 0.',
+  )
+  _require(
+      0 <= opt.warmup_ratio <= 1,
+      f'config.optimizer.warmup_ratio={opt.warmup_ratio} must be in [0, 1].',
+  )
+  _require(
+      opt.max_grad_norm >= 0,
+      f'config.optimizer.max_grad_norm={opt.max_grad_norm} must be >= 0 '
+      '(0 turns clipping off).',
+  )
+
+
+def _check_training(config, process_count):
+  """Steps and a batch that splits into micro-batches and over processes."""
+  t = config.training
   _require(
       t.num_steps >= 1,
       f'config.training.num_steps={t.num_steps} must be >= 1.',
@@ -216,26 +336,20 @@ def validate(config, num_devices=None, process_count=1, workdir=None):
       f'{process_count} processes; every host needs the same number of '
       'prompts.',
   )
-  opt = config.optimizer
-  _require(
-      opt.learning_rate > 0,
-      f'config.optimizer.learning_rate={opt.learning_rate} must be > 0.',
-  )
-  _require(
-      0 <= opt.warmup_ratio <= 1,
-      f'config.optimizer.warmup_ratio={opt.warmup_ratio} must be in [0, 1].',
-  )
-  _require(
-      opt.max_grad_norm >= 0,
-      f'config.optimizer.max_grad_norm={opt.max_grad_norm} must be >= 0 '
-      '(0 turns clipping off).',
-  )
+
+
+def _check_checkpoint(config):
+  """Save interval and checkpoints kept."""
   ck = config.checkpoint
   _require(
       ck.save_interval_steps >= 0 and ck.max_to_keep >= 1,
       f'config.checkpoint.save_interval_steps={ck.save_interval_steps} must '
       f'be >= 0 and config.checkpoint.max_to_keep={ck.max_to_keep} >= 1.',
   )
+
+
+def _check_eval(config):
+  """Evaluation interval, pass@k and batch (its length: _check_generation)."""
   _require(
       config.eval.eval_every_n_steps >= 0 and config.eval.pass_at_k >= 0,
       'config.eval.eval_every_n_steps and pass_at_k must be >= 0.',
@@ -243,122 +357,6 @@ def validate(config, num_devices=None, process_count=1, workdir=None):
   _require(
       config.eval.batch_size >= 1,
       f'config.eval.batch_size={config.eval.batch_size} must be >= 1.',
-  )
-  _require(
-      config.logging.report_every_n_steps >= 1,
-      'config.logging.report_every_n_steps='
-      f'{config.logging.report_every_n_steps} must be >= 1.',
-  )
-  _validate_alarms(config.alarms)
-  _validate_wandb(config.logging)
-  try:
-    for name, _ in rewards.parse_spec(config.rewards.functions):
-      rewards.resolve(name)  # Imports 'module:function' rewards.
-  except ValueError as e:
-    raise ConfigError(f'config.rewards.functions: {e}') from e
-  try:
-    components = pipeline.parse_source(config.data.source)
-  except ValueError as e:
-    raise ConfigError(f'config.data.source: {e}') from e
-  _validate_data_files(config, [name for name, _ in components])
-  _validate_mesh(config, num_devices)
-  if workdir is not None:
-    _validate_workdir(workdir)
-
-
-def _validate_finite(config):
-  """Every float field is a finite number (inf and NaN are typos)."""
-
-  def visit(prefix, node):
-    for key in node.keys():
-      value = node[key]
-      if hasattr(value, 'keys'):
-        visit(f'{prefix}{key}.', value)
-      elif isinstance(value, float):
-        _require(
-            math.isfinite(value),
-            f'config.{prefix}{key}={value} must be a finite number.',
-        )
-
-  visit('', config)
-
-
-def _validate_alarms(alarms):
-  """Windows are step counts; shares are in [0, 1]."""
-  for field in ('entropy_steps', 'zero_std_steps', 'clipped_steps'):
-    _require(
-        isinstance(alarms[field], int) and alarms[field] >= 0,
-        f'config.alarms.{field}={alarms[field]!r} must be a whole number of '
-        'steps >= 0 (0 turns the alarm off).',
-    )
-  for field in ('zero_std_frac', 'clipped_frac'):
-    _require(
-        0 <= alarms[field] <= 1,
-        f'config.alarms.{field}={alarms[field]} is a share of the batch: it '
-        'must be in [0, 1].',
-    )
-  _require(
-      alarms.entropy_min >= 0 and alarms.hacking_accuracy_drop >= 0,
-      f'config.alarms.entropy_min={alarms.entropy_min} and '
-      f'config.alarms.hacking_accuracy_drop={alarms.hacking_accuracy_drop} '
-      'must be >= 0.',
-  )
-
-
-def _validate_wandb(logging_config):
-  """A W&B project needs the wandb package (not a requirement)."""
-  project = logging_config.wandb_project
-  if project:
-    _require(
-        importlib.util.find_spec('wandb') is not None,
-        f'config.logging.wandb_project={project!r} needs the wandb package, '
-        "which is not installed: run `pip install wandb`, or set "
-        "--config.logging.wandb_project='' to log to TensorBoard only.",
-    )
-
-
-def _validate_data_files(config, names):
-  """Local data files ('jsonl', 'parquet') must exist."""
-  path = config.data.path
-  for name in names:
-    if name not in ('jsonl', 'parquet'):
-      continue
-    _require(
-        bool(path),
-        f"config.data.source uses '{name}', which reads config.data.path; "
-        f'set it to a local {name} file.',
-    )
-    files = ([path.replace('{split}', s) for s in ('train', 'test')]
-             if '{split}' in path else [path])
-    for file in files:
-      _require(
-          os.path.isfile(file),
-          f'config.data.path: no {name} file at {file!r}; check the path.',
-      )
-
-
-def _validate_workdir(workdir):
-  """A local workdir (or its nearest existing parent) must be writable."""
-  if not workdir or '://' in str(workdir):
-    return  # Object stores are checked when first written.
-  existing = os.path.abspath(workdir)
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  _require(
-      os.path.isdir(existing),
-      f'--workdir={workdir}: {existing} is a file, not a directory.',
-  )
-  writable = os.access(existing, os.W_OK | os.X_OK)
-  if writable:  # access() says yes to root even where writes fail.
-    try:
-      with tempfile.TemporaryFile(dir=existing):
-        pass  # Removed on close: nothing is left behind.
-    except OSError:
-      writable = False
-  _require(
-      writable,
-      f'--workdir={workdir}: {existing} is not writable; pick a directory '
-      'you can write to.',
   )
 
 
@@ -381,7 +379,7 @@ def tp_sizes(model_cfg):
   return [d for d in range(1, limit + 1) if limit % d == 0]
 
 
-def _validate_tp(config, tp, resolved):
+def _check_tp(config, tp, resolved):
   """The 'tp' axis divides every model dimension tunix shards over it.
 
   A size that does not divide one of them would fail later, when weights
@@ -402,7 +400,7 @@ def _validate_tp(config, tp, resolved):
     )
 
 
-def _validate_mesh(config, num_devices):
+def _check_mesh(config, num_devices):
   """Mesh axes, sizes and the batch split over the data-parallel axes."""
   mesh = config.mesh
   names, shape = tuple(mesh.axis_names), tuple(mesh.shape)
@@ -425,7 +423,7 @@ def _validate_mesh(config, num_devices):
     resolved = sharding.resolve_shape(shape, num_devices)
   except ValueError as e:
     raise ConfigError(str(e)) from e
-  _validate_tp(config, dict(zip(names, resolved))['tp'], resolved)
+  _check_tp(config, dict(zip(names, resolved))['tp'], resolved)
   parallel = math.prod(
       size for name, size in zip(names, resolved)
       if name in sharding.BATCH_AXES
@@ -442,3 +440,68 @@ def _validate_mesh(config, num_devices):
         f'parallelism of config.mesh.shape={resolved} (axes '
         f'{sharding.BATCH_AXES}). Change the batch or the mesh.',
     )
+
+
+def _check_alarms(config):
+  """Windows are step counts; shares are in [0, 1]."""
+  alarms = config.alarms
+  for field in ('entropy_steps', 'zero_std_steps', 'clipped_steps'):
+    _require(
+        isinstance(alarms[field], int) and alarms[field] >= 0,
+        f'config.alarms.{field}={alarms[field]!r} must be a whole number of '
+        'steps >= 0 (0 turns the alarm off).',
+    )
+  for field in ('zero_std_frac', 'clipped_frac'):
+    _require(
+        0 <= alarms[field] <= 1,
+        f'config.alarms.{field}={alarms[field]} is a share of the batch: it '
+        'must be in [0, 1].',
+    )
+  _require(
+      alarms.entropy_min >= 0 and alarms.hacking_accuracy_drop >= 0,
+      f'config.alarms.entropy_min={alarms.entropy_min} and '
+      f'config.alarms.hacking_accuracy_drop={alarms.hacking_accuracy_drop} '
+      'must be >= 0.',
+  )
+
+
+def _check_logging(config):
+  """A report interval >= 1; a W&B project needs the (optional) wandb."""
+  _require(
+      config.logging.report_every_n_steps >= 1,
+      'config.logging.report_every_n_steps='
+      f'{config.logging.report_every_n_steps} must be >= 1.',
+  )
+  project = config.logging.wandb_project
+  if project:
+    _require(
+        importlib.util.find_spec('wandb') is not None,
+        f'config.logging.wandb_project={project!r} needs the wandb package, '
+        "which is not installed: run `pip install wandb`, or set "
+        "--config.logging.wandb_project='' to log to TensorBoard only.",
+    )
+
+
+def _check_workdir(workdir):
+  """A local workdir (or its nearest existing parent) must be writable."""
+  if not workdir or '://' in str(workdir):
+    return  # Object stores are checked when first written.
+  existing = os.path.abspath(workdir)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  _require(
+      os.path.isdir(existing),
+      f'--workdir={workdir}: {existing} is a file, not a directory.',
+  )
+  writable = os.access(existing, os.W_OK | os.X_OK)
+  if writable:  # access() says yes to root even where writes fail.
+    try:
+      with tempfile.TemporaryFile(dir=existing):
+        pass  # Removed on close: nothing is left behind.
+    except OSError:
+      writable = False
+  _require(
+      writable,
+      f'--workdir={workdir}: {existing} is not writable; pick a directory '
+      'you can write to.',
+  )

@@ -1,0 +1,277 @@
+"""RewardSet: the weighted reward functions, applied to a batch.
+
+  reward_set = rewards.RewardSet.from_config(
+      config.rewards, config.generation.max_generation_steps)
+  total, per_fn = reward_set(prompts, completions, answer=answers,
+                             completion_lengths=lengths)
+
+The set holds the functions of `rewards.functions` (parsed and resolved by
+`spec`) and, when on, the length and overlong penalties; it checks every
+function's scores and raises `blame.RewardError` naming the function and, if
+one can be blamed, the completion.
+"""
+
+from collections.abc import Mapping, Sequence
+import functools
+import math
+from typing import Any
+
+from absl import logging
+import numpy as np
+
+from agent_tunix.rewards import blame
+from agent_tunix.rewards import format as format_lib
+from agent_tunix.rewards import registry
+from agent_tunix.rewards import spec
+
+
+class RewardSet:
+  """Weighted reward functions, applied to a batch of completions.
+
+  Calling the set returns the weighted total per completion and each
+  function's unweighted scores. Any failure of a reward function raises
+  `RewardError`, which stops training: a silently wrong reward would train the
+  model on garbage.
+  """
+
+  def __init__(
+      self,
+      functions: str | Sequence[tuple[str, float]],
+      length_penalty: float = 0.0,
+      length_penalty_target: int = 256,
+      overlong_buffer: int = 0,
+      overlong_penalty: float = 1.0,
+      max_completion_length: int | None = None,
+  ):
+    """Builds the set and imports any 'module:function' rewards.
+
+    Args:
+      functions: A spec string for `spec.parse_spec`, or (name, weight) pairs.
+      length_penalty: Penalty per completion token beyond
+        `length_penalty_target`; 0 turns it off.
+      length_penalty_target: Token count up to which there is no penalty.
+      overlong_buffer: Tokens before `max_completion_length` over which
+        DAPO's overlong penalty (`format.overlong_penalty`) falls linearly
+        from 0 to -`overlong_penalty`; 0 turns it off.
+      overlong_penalty: The overlong penalty at the length limit (>= 0).
+      max_completion_length: The completion length limit in tokens
+        (generation.max_generation_steps); needed when overlong_buffer > 0.
+
+    Raises:
+      ValueError: for a bad spec, an unresolvable function, a negative
+        length penalty setting, or an overlong buffer that is negative or
+        longer than the limit (or given without the limit).
+    """
+    if isinstance(functions, str):
+      pairs = spec.parse_spec(functions)
+    else:
+      pairs = [(str(n), float(w)) for n, w in functions]
+      if not pairs:
+        raise ValueError('RewardSet needs at least one reward function.')
+      spec.parse_spec(','.join(f'{n}={w!r}' for n, w in pairs))
+    if not math.isfinite(length_penalty) or length_penalty < 0:
+      raise ValueError(
+          f'rewards.length_penalty={length_penalty!r} must be a finite number '
+          '>= 0 (0 turns the penalty off).'
+      )
+    if length_penalty_target < 0:
+      raise ValueError(
+          f'rewards.length_penalty_target={length_penalty_target!r} must be '
+          '>= 0 tokens.'
+      )
+    _check_overlong(overlong_buffer, overlong_penalty, max_completion_length)
+    self._fns: dict[str, registry.RewardFn] = {}
+    self._weights: dict[str, float] = {}
+    for name, weight in pairs:
+      self._fns[name] = spec.resolve(name)
+      self._weights[name] = weight
+    self._length_penalty = float(length_penalty)
+    if self._length_penalty > 0:
+      self._fns[registry.LENGTH_PENALTY] = functools.partial(
+          format_lib.length_penalty,
+          coef=self._length_penalty,
+          target=length_penalty_target,
+      )
+      self._weights[registry.LENGTH_PENALTY] = 1.0
+    if overlong_buffer > 0:
+      self._fns[registry.OVERLONG_PENALTY] = functools.partial(
+          format_lib.overlong_penalty,
+          max_length=int(max_completion_length),
+          buffer=int(overlong_buffer),
+          factor=float(overlong_penalty),
+      )
+      self._weights[registry.OVERLONG_PENALTY] = 1.0
+    logging.info(
+        'Rewards: %s',
+        ', '.join(f'{n} x {w:g}' for n, w in self._weights.items()),
+    )
+
+  @classmethod
+  def from_config(
+      cls, rewards_config: Any, max_completion_length: int | None = None
+  ) -> 'RewardSet':
+    """Builds the set from the config's rewards section (`config.rewards`).
+
+    Args:
+      rewards_config: `config.rewards`.
+      max_completion_length: the rollouts' completion limit in tokens
+        (`config.generation.max_generation_steps`); the overlong penalty
+        needs it.
+    """
+    return cls(
+        rewards_config.functions,
+        length_penalty=rewards_config.length_penalty,
+        length_penalty_target=rewards_config.length_penalty_target,
+        overlong_buffer=rewards_config.overlong_buffer,
+        overlong_penalty=rewards_config.overlong_penalty,
+        max_completion_length=max_completion_length,
+    )
+
+  @property
+  def names(self) -> list[str]:
+    """Reward names in order; `length_penalty`, then `overlong_penalty`,
+    last when they are on."""
+    return list(self._fns)
+
+  @property
+  def weights(self) -> dict[str, float]:
+    """Weight of each reward in the total."""
+    return dict(self._weights)
+
+  def __call__(
+      self,
+      prompts: Sequence[str],
+      completions: Sequence[str],
+      **fields: Any,
+  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Scores a batch.
+
+    Args:
+      prompts: One prompt per completion (repeated G times for a group).
+      completions: The generated texts.
+      **fields: Per-completion example fields, each a sequence as long as
+        `completions` (`answer`, `completion_lengths`, ...). Other values are
+        passed through unchanged.
+
+    Returns:
+      (total, per_fn): `total` is float32 [N], the sum of weight * scores;
+      `per_fn` maps each reward name to its unweighted float32 [N] scores.
+
+    Raises:
+      ValueError: if prompts or a list field does not have one entry per
+        completion, or the length penalty is on without `completion_lengths`.
+      RewardError: if a reward function raises, or returns the wrong number
+        of scores or a non-finite score.
+    """
+    size = len(completions)
+    if len(prompts) != size:
+      raise ValueError(
+          f'Got {len(prompts)} prompts for {size} completions; repeat each '
+          'prompt once per completion.'
+      )
+    for key, value in fields.items():
+      if isinstance(value, (list, tuple, np.ndarray)) and len(value) != size:
+        raise ValueError(
+            f'Reward field {key!r} has {len(value)} values for {size} '
+            'completions; repeat each example field once per completion.'
+        )
+    lengths_given = 'completion_lengths' in fields
+    if registry.LENGTH_PENALTY in self._fns and not lengths_given:
+      raise ValueError(
+          'rewards.length_penalty > 0 needs the completion_lengths field '
+          '(token count per completion); pass it, or set '
+          'rewards.length_penalty=0.'
+      )
+    if registry.OVERLONG_PENALTY in self._fns and not lengths_given:
+      raise ValueError(
+          'rewards.overlong_buffer > 0 needs the completion_lengths field '
+          '(token count per completion); pass it, or set '
+          'rewards.overlong_buffer=0.'
+      )
+    total = np.zeros([size], np.float32)
+    per_fn = {}
+    for name, fn in self._fns.items():
+      scores = self._run_one(name, fn, prompts, completions, fields)
+      per_fn[name] = scores
+      total += np.float32(self._weights[name]) * scores
+    if not np.all(np.isfinite(total)):
+      index = int(np.flatnonzero(~np.isfinite(total))[0])
+      raise blame.RewardError(
+          f'The weighted reward total is not finite at completion {index}: '
+          f'{blame.quote(completions[index])}; lower the reward weights.',
+          fn_name='total',
+          index=index,
+          completion=completions[index],
+      )
+    return total, per_fn
+
+  def _run_one(
+      self,
+      name: str,
+      fn: registry.RewardFn,
+      prompts: Sequence[str],
+      completions: Sequence[str],
+      fields: Mapping[str, Any],
+  ) -> np.ndarray:
+    """Calls one reward function and checks its scores."""
+    size = len(completions)
+    try:
+      raw = fn(list(prompts), list(completions), **fields)
+    except Exception as batch_error:  # pylint: disable=broad-exception-caught
+      error, cause = blame.blame_completion(
+          name, fn, prompts, completions, fields, batch_error
+      )
+      raise error from cause
+    try:
+      with np.errstate(over='ignore'):
+        scores = np.asarray(raw, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+      raise blame.RewardError(
+          f'Reward {name!r} returned {type(raw).__name__} that is not a list '
+          f'of numbers: {e}',
+          fn_name=name,
+      ) from e
+    if scores.shape != (size,):
+      raise blame.RewardError(
+          f'Reward {name!r} returned scores of shape {scores.shape} for '
+          f'{size} completions; return one float per completion.',
+          fn_name=name,
+      )
+    bad = np.flatnonzero(~np.isfinite(scores))
+    if bad.size:
+      index = int(bad[0])
+      raise blame.RewardError(
+          f'Reward {name!r} returned a non-finite score '
+          f'({raw[index]!r}, or too large for float32) for completion '
+          f'{index}: {blame.quote(completions[index])}',
+          fn_name=name,
+          index=index,
+          completion=completions[index],
+      )
+    return scores
+
+
+def _check_overlong(buffer, penalty, max_length):
+  """Raises ValueError for unusable overlong-penalty settings."""
+  if buffer < 0:
+    raise ValueError(
+        f'rewards.overlong_buffer={buffer!r} must be >= 0 tokens (0 turns '
+        'the overlong penalty off).'
+    )
+  if not math.isfinite(penalty) or penalty < 0:
+    raise ValueError(
+        f'rewards.overlong_penalty={penalty!r} must be a finite number >= 0.'
+    )
+  if buffer == 0:
+    return
+  if max_length is None:
+    raise ValueError(
+        f'rewards.overlong_buffer={buffer} needs the completion length limit '
+        '(max_completion_length, generation.max_generation_steps).'
+    )
+  if buffer > max_length:
+    raise ValueError(
+        f'rewards.overlong_buffer={buffer} is longer than the completion '
+        f'limit generation.max_generation_steps={max_length}; use a buffer '
+        f'of at most {max_length} tokens.'
+    )
