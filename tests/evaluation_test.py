@@ -12,8 +12,10 @@ import ml_collections
 import numpy as np
 import pytest
 
+from agent_tunix.config import validation
 from agent_tunix.rl import evaluation
 from agent_tunix.rl import rollout
+from configs import tiny
 
 _GOOD = '<reasoning>adds up</reasoning>\n<answer>{}</answer>'
 
@@ -233,3 +235,28 @@ def test_evaluate_cli_json_has_a_stderr_for_every_accuracy():
     assert p in (0, 1 / 3, 2 / 3, 1)
     assert result[f'{name}_stderr'] == pytest.approx((p * (1 - p) / 3) ** 0.5)
   assert len(result) == 8
+
+
+def test_evaluate_cli_reads_only_the_eval_file(tmp_path):
+  # A user's own test set: data.path's '{split}' names test.jsonl, and no
+  # train.jsonl exists; evaluate reads only the eval split. Training still
+  # refuses the missing train file up front.
+  (tmp_path / 'test.jsonl').write_text(''.join(
+      json.dumps({'question': f'What is {i} + 1?', 'answer': str(i + 1)})
+      + '\n' for i in range(2)))
+  path = str(tmp_path / '{split}.jsonl')
+  config = tiny.get_config()
+  config.data.source, config.data.path = 'jsonl', path
+  with pytest.raises(validation.ConfigError, match='train.jsonl'):
+    validation.validate(config)
+  validation.validate(config, splits=('eval',))
+  repo = os.path.join(os.path.dirname(__file__), '..')
+  out = subprocess.run(
+      [sys.executable, '-m', 'agent_tunix.evaluate',
+       '--config=configs/tiny.py', '--config.data.source=jsonl',
+       f'--config.data.path={path}', '--config.eval.pass_at_k=0',
+       '--allow_base'],
+      cwd=repo, capture_output=True, text=True, timeout=600, check=False)
+  assert out.returncode == 0, out.stderr[-2000:]
+  result = json.loads(out.stdout.strip().splitlines()[-1])
+  assert result['num_questions'] == 2

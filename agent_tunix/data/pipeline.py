@@ -108,6 +108,17 @@ def _split_count(config, split):
   return config.data.num_eval_examples
 
 
+def split_path(path, split):
+  """The local file data.path `path` holds `split` ('train' or 'eval') in.
+
+  '{split}' in the path becomes 'train' or 'test'; a path without it is one
+  file serving both splits.
+  """
+  if split not in SPLITS:
+    raise ValueError(f'Unknown split {split!r}; expected one of {SPLITS}.')
+  return path.replace('{split}', 'train' if split == 'train' else 'test')
+
+
 def _load_local(name, config, split, limit):
   """Loads a split of a local JSONL / parquet file."""
   path = config.data.path
@@ -118,9 +129,7 @@ def _load_local(name, config, split, limit):
       bad_rows=config.data.bad_rows,
   )
   if '{split}' in path:
-    file_split = 'train' if split == 'train' else 'test'
-    return gsm8k.load_file(path.replace('{split}', file_split), limit=limit,
-                           **columns)
+    return gsm8k.load_file(split_path(path, split), limit=limit, **columns)
   rows = _whole_file(path, **columns)
   held_out = config.data.num_eval_examples
   if not 0 < held_out < len(rows):

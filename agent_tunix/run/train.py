@@ -93,8 +93,13 @@ def step_seed(base_seed, step, sampling_round=0):
 
 
 def setup(config, workdir, with_data=True):
-  """Validates the config and builds the session (no training)."""
-  validation.validate(config, process_count=jax.process_count())
+  """Validates the config and builds the session (no training).
+
+  Without `with_data` only the eval split is read (evaluate scores a test
+  file with no train file beside it).
+  """
+  validation.validate(config, process_count=jax.process_count(),
+                      splits=pipeline.SPLITS if with_data else ('eval',))
   if with_data and config.model.lora_rank < 1:
     raise validation.ConfigError(
         f'config.model.lora_rank={config.model.lora_rank}: training updates '
