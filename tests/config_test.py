@@ -326,19 +326,13 @@ def test_print_config_prints_and_exits():
 # ---------------------------------------------------------- documentation
 
 
-def _readme_section():
-  """The README's '## Configuration' section, or None."""
-  path = os.path.join(_REPO, 'README.md')
+def _reference_page():
+  """The text of docs/configuration.md, or None when it is missing."""
+  path = os.path.join(_REPO, field_reference.PAGE)
   if not os.path.exists(path):
     return None
   with open(path) as f:
-    lines = f.read().splitlines()
-  if '## Configuration' not in lines:
-    return None
-  start = lines.index('## Configuration')
-  end = next((i for i in range(start + 1, len(lines))
-              if lines[i].startswith('## ')), len(lines))
-  return '\n'.join(lines[start:end]).rstrip() + '\n'
+    return f.read()
 
 
 def test_config_doc_covers_every_field():
@@ -372,43 +366,40 @@ def test_field_comments_requires_a_comment():
       'a.x': 'The first.', 'a.y': 'The first.'}
 
 
-def test_replace_section():
-  section = '## Configuration\n\nnew\n'
-  text = '# T\n\n## Configuration\n\nold\n\n## Layout\n\nrest\n'
-  assert field_reference.replace_section(text, section) == (
-      '# T\n\n## Configuration\n\nnew\n\n## Layout\n\nrest\n')
-  assert field_reference.replace_section('# T\n', section) == (
-      '# T\n\n## Configuration\n\nnew\n')
+_REGENERATE = ('python -m agent_tunix.config.field_reference '
+               '--output=docs/configuration.md')
 
 
-def test_readme_lists_every_config_field():
-  section = _readme_section()
-  assert section is not None, (
-      "README.md has no '## Configuration' section. Generate it with: "
-      'python -m agent_tunix.config.field_reference --readme=README.md')
-  named = set(re.findall(r'`([a-z_]+\.[a-z0-9_]+)`', section))
+def test_reference_page_lists_every_config_field():
+  page = _reference_page()
+  assert page is not None, (
+      f'{field_reference.PAGE} is missing. Generate it with: {_REGENERATE}')
+  named = set(re.findall(r'`([a-z_]+\.[a-z0-9_]+)`', page))
   fields = set(_flat_fields(base.get_config()))
-  assert not fields - named, f'README misses {sorted(fields - named)}'
+  assert not fields - named, (
+      f'{field_reference.PAGE} misses {sorted(fields - named)}')
   sections = {name.split('.')[0] for name in fields}
   stale = {n for n in named if n.split('.')[0] in sections} - fields
-  assert not stale, f'README documents fields that do not exist: {stale}'
+  assert not stale, (
+      f'{field_reference.PAGE} documents fields that do not exist: {stale}')
 
 
-def test_readme_section_is_generated():
-  section = _readme_section()
-  assert section == field_reference.render_markdown(), (
-      'README.md\'s "## Configuration" section is out of date. Regenerate '
-      'it with: python -m agent_tunix.config.field_reference --readme=README.md')
+def test_reference_page_is_generated():
+  assert _reference_page() == field_reference.render_markdown(), (
+      f'{field_reference.PAGE} is out of date (or edited by hand). '
+      f'Regenerate it with: {_REGENERATE}')
 
 
-def test_config_doc_cli(tmp_path):
-  readme = tmp_path / 'README.md'
-  readme.write_text('# Title\n\n## Configuration\n\nstale\n\n## Next\n')
-  result = _run('-m', 'agent_tunix.config.field_reference', f'--readme={readme}')
+def test_field_reference_cli(tmp_path):
+  page = tmp_path / 'configuration.md'
+  page.write_text('stale\n')
+  result = _run('-m', 'agent_tunix.config.field_reference', f'--output={page}')
   assert result.returncode == 0, result.stderr
-  assert readme.read_text() == (
-      '# Title\n\n' + field_reference.render_markdown() + '\n## Next\n')
-
+  assert page.read_text() == field_reference.render_markdown()
+  assert result.stdout == ''
+  result = _run('-m', 'agent_tunix.config.field_reference')
+  assert result.returncode == 0, result.stderr
+  assert result.stdout == field_reference.render_markdown()
 
 
 def test_validation_refuses_a_read_only_workdir_and_creates_nothing(

@@ -1,14 +1,15 @@
-r"""Generates the README's "Configuration" section from configs/base.py.
+r"""Generates docs/configuration.md, the reference of every config field.
 
-  python -m agent_tunix.config.field_reference                     # print the section
-  python -m agent_tunix.config.field_reference --readme=README.md  # rewrite it in place
+  python -m agent_tunix.config.field_reference        # print the page
+  python -m agent_tunix.config.field_reference \
+      --output=docs/configuration.md                  # write it
 
 A field's description is the comment block written directly above its
 `config.section.field = ...` line in configs/base.py; a field assigned on the
 line right after another one, with no comment of its own, shares that field's
 description (as the AdamW betas do). The default is the value that
-`base.get_config()` returns. tests/config_test.py checks that the README's
-section is exactly what this module renders.
+`base.get_config()` returns. tests/config_test.py checks that
+docs/configuration.md is exactly what this module renders.
 """
 
 import ast
@@ -22,12 +23,14 @@ from absl import flags
 from configs import base
 
 
-HEADING = '## Configuration'
+HEADING = '# Configuration'
+# Where the page lives, from the repository root.
+PAGE = 'docs/configuration.md'
 
-_README = flags.DEFINE_string(
-    'readme', None,
-    'Rewrite the Configuration section of this Markdown file in place '
-    '(appended if missing) instead of printing it.',
+_OUTPUT = flags.DEFINE_string(
+    'output', None,
+    f'Write the page to this file (the repository keeps it at {PAGE}) '
+    'instead of printing it.',
 )
 
 _INTRO = """\
@@ -37,8 +40,12 @@ Every field of `configs/base.py` with its default there; the presets in
 (`--config=configs/gemma3_270m.py:model.lora_rank=8,quick`). The config is
 locked, so a misspelled field name is an error.
 
-This section is generated from the comments in `configs/base.py`; edit those
-and regenerate it with `python -m agent_tunix.config.field_reference --readme=README.md`."""
+This page is generated from the comments in `configs/base.py`; edit those
+and regenerate it with
+
+```sh
+python -m agent_tunix.config.field_reference --output=docs/configuration.md
+```"""
 
 
 def _field_name(target):
@@ -110,7 +117,7 @@ def _cell(text):
 
 
 def render_markdown():
-  """The '## Configuration' section (Markdown, ending with a newline)."""
+  """The whole page (Markdown, ending with a newline)."""
   source = inspect.getsource(base)
   comments = field_comments(source)
   config = base.get_config()
@@ -131,51 +138,22 @@ def render_markdown():
     head, field = name.split('.')
     if head != section:
       section = head
-      out += ['', f'### {section}', '', '| Field | Default | Description |',
+      out += ['', f'## {section}', '', '| Field | Default | Description |',
               '| --- | --- | --- |']
     default = repr(config[head][field])
     out.append(f'| `{name}` | `{_cell(default)}` | {_cell(comment)} |')
   return '\n'.join(out) + '\n'
 
 
-def replace_section(text, section):
-  """`text` (Markdown) with its Configuration section replaced by `section`.
-
-  The section runs from the HEADING line to the next '## ' heading; it is
-  appended at the end when missing.
-
-  Args:
-    text: the README.
-    section: the new section, from `render_markdown()`.
-
-  Returns:
-    The new README text.
-  """
-  lines = text.splitlines(keepends=True)
-  starts = [i for i, line in enumerate(lines) if line.rstrip() == HEADING]
-  if not starts:
-    return text.rstrip('\n') + '\n\n' + section
-  start = starts[0]
-  end = next(
-      (i for i in range(start + 1, len(lines))
-       if lines[i].startswith('## ')),
-      len(lines),
-  )
-  tail = ''.join(lines[end:])
-  return ''.join(lines[:start]) + section + ('\n' + tail if tail else '')
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  section = render_markdown()
-  if not _README.value:
-    print(section, end='')
+  page = render_markdown()
+  if not _OUTPUT.value:
+    print(page, end='')
     return
-  with open(_README.value) as f:
-    text = f.read()
-  with open(_README.value, 'w') as f:
-    f.write(replace_section(text, section))
+  with open(_OUTPUT.value, 'w') as f:
+    f.write(page)
 
 
 if __name__ == '__main__':
