@@ -13,6 +13,7 @@ import math
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -21,6 +22,10 @@ from agent_tunix.bench import options
 from agent_tunix.bench import records
 from agent_tunix.bench import report
 from agent_tunix.bench import tpu_preflight
+from agent_tunix.bench import tunix_step
+from agent_tunix.rl import grpo
+from agent_tunix.tpu import sharding
+from configs import tiny
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKIPPED = ('tunix', 'trl', 'memory')
@@ -322,3 +327,52 @@ def test_memory_section(tmp_path):
   assert math.isclose(goal['value'], ours['peak_bytes_ratio'])
   assert goal['met'] == (goal['value'] <= 0.25)
   assert 'naive with remat layer' in proc.stdout
+
+
+class _Built(Exception):
+  """Stops tunix_grpo once it has built tunix's cluster and learner."""
+
+
+def _tunix_setup(monkeypatch, **grpo_fields):
+  """(cluster kwargs, learner algo_config) tunix_grpo builds; no model."""
+  from tunix.rl import rl_cluster  # pylint: disable=g-import-not-at-top
+  from tunix.rl.grpo import grpo_learner  # pylint: disable=g-import-not-at-top
+  config = tiny.get_config()
+  for name, value in grpo_fields.items():
+    config.grpo[name] = value
+  ctx = types.SimpleNamespace(
+      config=config, session=types.SimpleNamespace(
+          hp=grpo.hparams_from_config(config)),
+      mesh=sharding.make_mesh(config.mesh), tokenizer=None, prompts=['x'])
+  built = {}
+  monkeypatch.setattr(tunix_step.gemma, 'load_model', lambda *a: 'base')
+  monkeypatch.setattr(tunix_step.lora, 'apply_lora', lambda *a, **k: 'actor')
+  monkeypatch.setattr(rl_cluster, 'RLCluster',
+                      lambda **kwargs: built.setdefault('cluster', kwargs))
+
+  def learner(rl_cluster, algo_config, reward_fns):
+    del rl_cluster, reward_fns
+    built['algo'] = algo_config
+    raise _Built()
+
+  monkeypatch.setattr(grpo_learner, 'GRPOLearner', learner)
+  with pytest.raises(_Built):
+    tunix_step.tunix_grpo(ctx)
+  return built['cluster'], built['algo']
+
+
+def test_tunix_peer_runs_the_kl_our_step_runs(monkeypatch):
+  # Adaptive KL from 0.2 with grpo.beta 0: our step has a KL term and a
+  # reference pass, held at 0.2 in the bench; so must tunix's.
+  cluster, algo = _tunix_setup(monkeypatch, beta=0.0, kl_target=0.01,
+                               init_kl_coeff=0.2)
+  assert cluster['reference'] == 'base'
+  assert algo.beta == pytest.approx(0.2)
+  cluster, algo = _tunix_setup(monkeypatch, beta=0.0)
+  assert cluster['reference'] is None and algo.beta == 0.0
+
+
+def test_tunix_peer_is_skipped_under_maxent(monkeypatch):
+  # MaxEnt needs our reference pass at beta 0; tunix has no MaxEnt.
+  with pytest.raises(records.Skipped, match='no MaxEnt-GRPO'):
+    _tunix_setup(monkeypatch, beta=0.0, maxent_tau=0.5)

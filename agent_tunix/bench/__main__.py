@@ -16,13 +16,14 @@ median is reported.
 Sections (--skip takes a comma list of their names):
 
   grpo    Our GRPO step: rollout.Rollout.generate, a toy reward, group
-          advantages, grpo.reference_logps (beta > 0) and grpo.train_step.
+          advantages, grpo.reference_logps (when the update needs it: beta
+          > 0 or MaxEnt) and grpo.train_step.
   tunix   The same step with tunix's GRPOLearner on an RLCluster (same model
           weights, tokenizer, mesh, G, lengths, beta, micro-batch, LoRA rank,
-          optimizer and reward). Its step is timed from the start of
-          RLCluster.generate to the end of the step's last
-          RLCluster.update_actor; the three calls are wrapped (on the
-          instance) to give the breakdown.
+          optimizer and reward; skipped under MaxEnt-GRPO, which it lacks).
+          Its step is timed from the start of RLCluster.generate to the end
+          of the step's last RLCluster.update_actor; the three calls are
+          wrapped (on the instance) to give the breakdown.
   trl     The same step with TRL's GRPOTrainer on the same weights, read by
           transformers from the GGUF file. Needs `torch`, `trl` and `peft`
           importable (optional, not in requirements.txt) and

@@ -160,6 +160,34 @@ def build_context(config, workdir):
   return Context(config, settings, session, prompts, tokens, mask)
 
 
+def peer_hparams(ctx, peer):
+  """Our update's `grpo.StepHParams`, for a peer that must match its work.
+
+  A peer runs KL at hp.beta (grpo.beta; with an adaptive controller
+  grpo.init_kl_coeff, the starting value our side holds) and takes the
+  reference pass when ours does (hp.needs_reference). MaxEnt-GRPO needs
+  that pass even at beta 0 and no peer has it, so the peer is skipped.
+
+  Args:
+    ctx: the bench's `Context`.
+    peer: the peer's name, for the reason.
+
+  Returns:
+    ctx.session.hp.
+
+  Raises:
+    records.Skipped: MaxEnt-GRPO is on.
+  """
+  hp = ctx.session.hp
+  if hp.maxent_tau > 0:
+    raise records.Skipped(
+        f'{peer} has no MaxEnt-GRPO (grpo.maxent_tau={hp.maxent_tau}: our '
+        'step takes a reference pass and computes other advantages); '
+        'benchmark with grpo.maxent_tau=0.'
+    )
+  return hp
+
+
 def make_tx(config, num_steps):
   """The training optimizer (no warm-up) for a run of `num_steps`."""
   o = config.optimizer

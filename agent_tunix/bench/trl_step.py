@@ -37,6 +37,7 @@ def trl_grpo(ctx):
     )
   gen, g, t, m = (config.generation, config.grpo, config.training,
                   config.model)
+  hp = context.peer_hparams(ctx, "TRL's GRPOTrainer")
   path = gemma.resolve_path(config.model)
   directory, filename = os.path.split(path)
   dtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16}[m.dtype]
@@ -54,7 +55,7 @@ def trl_grpo(ctx):
       'num_generations': g.num_generations,
       'max_prompt_length': gen.max_prompt_length,
       'max_completion_length': gen.max_generation_steps,
-      'beta': g.beta,
+      'beta': hp.beta,
       'epsilon': g.epsilon,
       'num_iterations': 1,
       'loss_type': loss_types[g.loss_agg_mode],

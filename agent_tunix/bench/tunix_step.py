@@ -29,6 +29,7 @@ def tunix_grpo(ctx):
         "tunix's GRPOLearner has no 'sequence-mean-token-sum-norm' loss "
         'mode; benchmark with token-mean or sequence-mean-token-mean.'
     )
+  hp = context.peer_hparams(ctx, "tunix's GRPOLearner")
   total_steps = context.WARMUP_STEPS + options.STEPS.value
   # Its own copy of the same weights: the backbone (tunix's reference) and a
   # LoRA policy over it, as tunix's examples build them.
@@ -57,7 +58,7 @@ def tunix_grpo(ctx):
   )
   cluster = rl_cluster_lib.RLCluster(
       actor=actor,
-      reference=base if g.beta > 0 else None,
+      reference=base if hp.needs_reference else None,
       tokenizer=ctx.tokenizer,
       cluster_config=rl_cluster_lib.ClusterConfig(
           role_to_mesh={role: ctx.mesh for role in roles},
@@ -72,7 +73,7 @@ def tunix_grpo(ctx):
       algo_config=grpo_learner.GRPOConfig(
           num_generations=g.num_generations,
           num_iterations=1,
-          beta=g.beta,
+          beta=hp.beta,
           epsilon=g.epsilon,
           loss_agg_mode=g.loss_agg_mode,
           kl_loss_mode=kl_modes[g.kl_estimator],
