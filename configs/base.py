@@ -91,7 +91,8 @@ def get_config(arg=None):
   config.data.num_train_examples = 2048
   # Number of held-out examples for evaluation.
   config.data.num_eval_examples = 64
-  # Synthetic difficulty: 1 (one operation) .. 3 (multi-step, distractors).
+  # Synthetic difficulty: 1 (one operation) .. 3 (multi-step, distractors),
+  # 4 (two or three operations on 2- to 4-digit numbers: for a calculator).
   config.data.difficulty = 2
   # Seed for generation, shuffling and sharding of the data.
   config.data.seed = 0
@@ -152,8 +153,9 @@ def get_config(arg=None):
   # off.
   config.grpo.entropy_coeff = 0.0
   # MaxEnt-GRPO: tau > 0 replaces the reward-normalised advantages by
-  # G * w - 1, w = softmax(ref score + log q / tau) per group (README);
-  # tau weighs entropy and closeness to the reference. 0 = off.
+  # G * w - 1, w = softmax(ref score + log q / tau) per group
+  # (docs/objectives.md); tau weighs entropy and closeness to the
+  # reference. 0 = off.
   config.grpo.maxent_tau = 0.0
   # MaxEnt-GRPO: temperature of q = softmax(rewards / q_temperature).
   config.grpo.maxent_q_temperature = 1.0
@@ -227,6 +229,45 @@ def get_config(arg=None):
   # TopK (~1.5x faster rollouts on the 270M). False runs tunix's graph as
   # is. No effect on TPU/GPU.
   config.generation.cpu_decode_graph = True
+
+  # ---------------------------------------------------------------- agent
+  config.agent = ml_collections.ConfigDict()
+  # Tools for multi-turn, tool-using episodes (docs/agent.md); '' = single
+  # completions. Comma-separated: the built-in 'calculator', or
+  # 'package.module:function' (a Python function with typed arguments and a
+  # Google-style docstring). A model turn that ends with a call pauses its
+  # row; the results are inserted and the row goes on in the same KV cache.
+  # generation.max_generation_steps bounds an episode's tokens (model turns
+  # and inserts together).
+  config.agent.tools = ''
+  # How calls and results are written: 'gemma3' (a Python-style call list
+  # ending the model turn, results come back as a user turn in
+  # <tool_response>) or 'functiongemma' (FunctionGemma's tool tokens; the
+  # tokenizer must have them).
+  config.agent.format = 'gemma3'
+  # Tool calls per episode (unreadable call turns count too); a turn past
+  # it ends the episode (finish 'max_tool_calls').
+  config.agent.max_tool_calls = 3
+  # Calls per model turn; the extra ones get an error result.
+  config.agent.max_calls_per_turn = 2
+  # Tokens per model turn; a longer turn ends the episode ('turn_tokens').
+  config.agent.max_turn_tokens = 128
+  # Tokens of one insert (tool results and turn markers); a longer one is
+  # cut in the middle.
+  config.agent.max_tool_output_tokens = 64
+  # Seconds per tool call; a call past it gets a timeout error result.
+  config.agent.tool_timeout_s = 5.0
+  # Seconds per episode, decoding included; a call turn past it ends the
+  # episode ('timeout'). 0 = no limit.
+  config.agent.episode_timeout_s = 300.0
+  # Episodes that a limit ended (turn tokens, columns, max_tool_calls,
+  # timeout): 'score' (rewarded as scored) or 'mask' (no gradient from
+  # them; their rewards still count in their group's mean and std).
+  config.agent.cut_episodes = 'score'
+  # Added to the reward of an episode with at least one call that ran
+  # without error; 0 = off, at most 0.5 (a bonus larger than a right
+  # answer's margin would pay calls for their own sake).
+  config.agent.tool_use_bonus = 0.0
 
   # ------------------------------------------------------------ optimizer
   config.optimizer = ml_collections.ConfigDict()

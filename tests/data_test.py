@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from agent_tunix.agent import calculator
 from agent_tunix.data import gsm8k
 from agent_tunix.data import pipeline
 from agent_tunix.data import prompts
@@ -40,6 +41,32 @@ def _config(**data):
   for key, value in data.items():
     setattr(config.data, key, value)
   return config
+
+
+def test_tool_prompts_are_turns_with_instructions_and_worked_calls():
+  config = _config(template='plain')
+  config.agent.tools = 'calculator'
+  question = 'A van carries 312 crates of 24 cans. How many cans?'
+  prompt = prompts.format_prompt(question, config)
+  # The system prompt and the tool instructions open the first user turn.
+  assert prompt.startswith('<start_of_turn>user\n' + config.data.system_prompt)
+  assert 'calculator(expression: str)' in prompt
+  # Two worked episodes (a call, its result, the answer), then the question
+  # and the opened model turn.
+  assert prompt.count('[calculator(expression="') == 3  # With the example.
+  assert prompt.count('<tool_response>\n') == 2
+  assert prompt.count('<start_of_turn>model\n') == 5
+  assert prompt.endswith(
+      f'<start_of_turn>user\n{question}<end_of_turn>\n<start_of_turn>model\n')
+  for shot in prompts.TOOL_FEW_SHOT_EXAMPLES:  # The results are right.
+    expression = shot[1][0][1]['expression']
+    assert calculator.calculator(expression) == shot[2][0] == shot[4]
+  # 'chat' (instruction-tuned presets): the instructions, no worked calls.
+  config.data.template = 'chat'
+  prompt = prompts.format_prompt(question, config)
+  assert 'calculator(expression: str)' in prompt
+  assert prompt.count('[calculator(expression="') == 1  # The example only.
+  assert prompt.count('<start_of_turn>user\n') == 1
 
 
 def _questions(batch):

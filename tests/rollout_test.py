@@ -275,6 +275,9 @@ def test_stop_sequences_from_config():
   from agent_tunix.data import prompts  # pylint: disable=g-import-not-at-top
   assert '\n\nQuestion: ' in prompts.plain_prompt('q', '')
   assert rollout.stop_sequences_from_config(tiny.get_config()) == ()  # Chat.
+  config.agent.tools = 'calculator'  # Tool prompts are turns: none.
+  assert rollout.stop_sequences_from_config(config) == ()
+  config.agent.tools = ''
   config.generation.stop_sequences = r'\n\n|END'
   assert rollout.stop_sequences_from_config(config) == ('\n\n', 'END')
   config.generation.stop_sequences = ''

@@ -10,6 +10,8 @@ import os
 import tempfile
 
 from agent_tunix import rewards
+from agent_tunix.agent import formats
+from agent_tunix.agent import tools
 from agent_tunix.data import gsm8k
 from agent_tunix.data import pipeline
 from agent_tunix.models import gemma
@@ -30,6 +32,8 @@ _CHOICES = {
     'grpo.scale_rewards': objectives.SCALE_REWARDS_MODES,
     'grpo.loss_agg_mode': objectives.LOSS_AGG_MODES,
     'grpo.importance_sampling_level': objectives.IMPORTANCE_SAMPLING_LEVELS,
+    'agent.format': tuple(formats.FORMATS),
+    'agent.cut_episodes': ('score', 'mask'),
 }
 
 
@@ -73,6 +77,7 @@ def validate(config, num_devices=None, process_count=1, workdir=None,
   _check_rewards(config)
   _check_grpo(config)
   _check_generation(config)
+  _check_agent(config)
   _check_optimizer(config)
   _check_training(config, process_count)
   _check_checkpoint(config)
@@ -293,6 +298,30 @@ def _check_generation(config):
   _require(
       gen.top_k >= 0, f'config.generation.top_k={gen.top_k} must be >= 0.'
   )
+
+
+def _check_agent(config):
+  """Tools that import and take typed arguments; limits that can be met."""
+  agent = config.agent
+  _check_choices(config, 'agent')
+  if not agent.tools:
+    return
+  try:
+    tools.resolve(agent.tools)
+  except tools.ToolConfigError as e:
+    raise ConfigError(f'config.{e}') from None
+  for field, least in (('max_tool_calls', 1), ('max_calls_per_turn', 1),
+                       ('max_turn_tokens', 1), ('max_tool_output_tokens', 8)):
+    _require(agent[field] >= least,
+             f'config.agent.{field}={agent[field]} must be >= {least}.')
+  _require(agent.tool_timeout_s > 0,
+           f'config.agent.tool_timeout_s={agent.tool_timeout_s} must be > 0.')
+  _require(agent.episode_timeout_s >= 0,
+           f'config.agent.episode_timeout_s={agent.episode_timeout_s} must '
+           'be >= 0 (0 = no limit).')
+  _require(0 <= agent.tool_use_bonus <= 0.5,
+           f'config.agent.tool_use_bonus={agent.tool_use_bonus} must be in '
+           '[0, 0.5]: a larger bonus pays calls for their own sake.')
 
 
 def _check_optimizer(config):

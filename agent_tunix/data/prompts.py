@@ -21,7 +21,21 @@ Where a completion ends (`generation.stop_sequences='auto'`): with 'chat',
 at `<end_of_turn>` (an end token; no stop text needed); with 'plain', at
 the start of the next few-shot example (`TEMPLATE_STOP_SEQUENCES`): a
 pretrained model that has answered goes on with the next 'Question:'.
+
+With tools (`agent.tools`), prompts are Gemma chat turns in either template,
+since calls and results are turns (`agent_tunix.agent.formats`): the system
+prompt and the format's tool instructions open the first user turn (or a
+turn of the format's system role). 'plain' (pretrained presets) adds two
+worked episodes before the question, each a calculator call, its result and
+the final answer (`TOOL_FEW_SHOT_EXAMPLES`; only when the calculator is one
+of the tools); 'chat' gives the instructions alone. Every model turn ends
+at `<end_of_turn>`, so no stop text is needed.
 """
+
+import functools
+
+from agent_tunix.agent import formats
+from agent_tunix.agent import tools as tools_lib
 
 TEMPLATES = ('auto', 'chat', 'plain')
 
@@ -39,6 +53,29 @@ FEW_SHOT_EXAMPLES = (
         'A bus drives at 40 km per hour for 2 hours. How far does it go?',
         'Distance is 40 * 2 = 80 km.',
         '80',
+    ),
+)
+
+
+# Worked tool episodes for the few-shot prompt with tools: (question,
+# calls as (tool, arguments), their results, reasoning, answer). One call
+# each, with a whole expression: the simplest use a model can copy.
+TOOL_FEW_SHOT_EXAMPLES = (
+    (
+        'A shop packs 124 boxes with 36 pens in each and sells 980 of the '
+        'pens. How many pens are left?',
+        (('calculator', {'expression': '124 * 36 - 980'}),),
+        ('3484',),
+        '124 * 36 - 980 = 3484 pens are left.',
+        '3484',
+    ),
+    (
+        'A bus drives at 64 km per hour for 13 hours, then at 58 km per hour '
+        'for 9 more hours. How far does it go?',
+        (('calculator', {'expression': '64 * 13 + 58 * 9'}),),
+        ('1354',),
+        'It goes 64 * 13 + 58 * 9 = 1354 km.',
+        '1354',
     ),
 )
 
@@ -89,15 +126,61 @@ def plain_prompt(question, system_prompt):
   return '\n\n'.join(parts)
 
 
+@functools.lru_cache(maxsize=8)
+def _tools_and_format(spec, format_name):
+  return tools_lib.resolve(spec), formats.get(format_name)
+
+
+def tools_prompt(question, system_prompt, tool_format, tools, few_shot):
+  """Chat turns for a tool-using episode, ending where the model begins.
+
+  Args:
+    question: The problem text.
+    system_prompt: Instruction text ('' = none).
+    tool_format: an `agent.formats.ToolFormat`.
+    tools: the `agent.tools.Tool`s the model may call.
+    few_shot: add `TOOL_FEW_SHOT_EXAMPLES` as earlier turns.
+  """
+  intro = '\n\n'.join(
+      p for p in (system_prompt, tool_format.instructions(tools)) if p)
+  turns = []
+  if tool_format.system_role != 'user':
+    turns.append(
+        f'<start_of_turn>{tool_format.system_role}\n{intro}<end_of_turn>\n')
+    intro = ''
+  questions = []
+  for shot_question, calls, results, reasoning, answer in (
+      TOOL_FEW_SHOT_EXAMPLES if few_shot else ()):
+    questions.append((shot_question, tool_format.example_turns(
+        calls, results, format_answer(reasoning, answer))))
+  questions.append((question, None))
+  for text, model_side in questions:
+    user = f'{intro}\n\n{text}' if intro else text
+    intro = ''
+    turns.append(
+        f'<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n')
+    if model_side is not None:
+      turns.append(f'{model_side}<end_of_turn>\n')
+  return ''.join(turns)
+
+
 def format_prompt(question, config):
   """Returns the model input for `question` under the configured template.
 
   Args:
     question: The problem text.
-    config: The full config; reads data.template, data.system_prompt and
-      model.preset.
+    config: The full config; reads data.template, data.system_prompt,
+      model.preset and agent.tools / agent.format.
   """
   system_prompt = config.data.system_prompt.strip()
-  if resolve_template(config) == 'chat':
+  template = resolve_template(config)
+  if config.agent.tools:
+    tools, tool_format = _tools_and_format(config.agent.tools,
+                                           config.agent.format)
+    few_shot = template == 'plain' and any(
+        t.name == 'calculator' for t in tools)
+    return tools_prompt(question, system_prompt, tool_format, tools,
+                        few_shot)
+  if template == 'chat':
     return chat_prompt(question, system_prompt)
   return plain_prompt(question, system_prompt)

@@ -138,8 +138,11 @@ def parse_stop_sequences(text):
 
 
 def stop_sequences_from_config(config):
-  """`generation.stop_sequences` resolved: 'auto' is the template's own."""
+  """`generation.stop_sequences` resolved: 'auto' is the template's own
+  (none with tools: every turn of a tool prompt ends at <end_of_turn>)."""
   text = config.generation.stop_sequences
+  if text == 'auto' and config.agent.tools:
+    return ()
   if text == 'auto':
     template = prompts_lib.resolve_template(config)
     return prompts_lib.TEMPLATE_STOP_SEQUENCES[template]
