@@ -40,11 +40,17 @@ chunks inside are still counted once, so the bounds stay below the work.
 The byte count includes the compiler's copies between HBM and on-chip
 memory, so the byte term can be longer than HBM traffic alone takes.
 
-Programs are compiled in the order above and the preflight stops at the
-first that does not fit (its arguments alone overflow, or the compiler
-refuses it for want of HBM); `--keep_going` compiles the rest too. Exit
-status 0 when every program fits, 1 when one does not (the report names
-it, the bytes over and the fixes that apply), 2 on a bad flag or config.
+Programs are compiled in the order above, in a child process (one model
+build for all of them), and the preflight stops at the first that does not
+fit (its arguments alone overflow, or the compiler refuses it for want of
+HBM); `--keep_going` compiles the rest too. A compile can need more host RAM
+than the machine has: the kernel then kills the child (SIGKILL), and the
+report names the program as KILLED with the peak host RAM the child had
+reached and the fixes (a machine with more RAM, or `--programs=<it>` alone);
+with `--keep_going` a new child compiles the programs after it. Exit status
+0 when every program fits, 1 when one does not (the report names it, the
+bytes over and the fixes that apply), 2 on a bad flag or config, 3 when
+none is known not to fit but a compile was killed.
 """
 
 import contextlib
@@ -52,9 +58,14 @@ import dataclasses
 import gc
 import json
 import math
+import os
+import pickle
 import re
+import signal
+import subprocess
 import sys
 import time
+import traceback
 
 from absl import app
 from absl import flags
@@ -154,6 +165,18 @@ class Program:
     """Roofline lower bound of one call on one device, in seconds."""
     return max(self.flops * devices_per_chip / chip.peak_bf16_flops,
                self.bytes_accessed * devices_per_chip / chip.hbm_bandwidth)
+
+
+@dataclasses.dataclass
+class Killed(Program):
+  """A program whose compile the kernel killed (SIGKILL): no figures.
+
+  A kernel out of host memory kills the largest process; compiling a big
+  model's program can take tens of GiB of host RAM.
+  """
+
+  killed: bool = True
+  host_peak_bytes: int = 0  # Peak resident memory of the compiling process.
 
 
 def _per_chip_bytes(tree):
@@ -287,13 +310,25 @@ class _Compiler:
     keep_going: compile every program even after one did not fit.
     programs: the `Program`s so far.
     skipped: names of programs not compiled (after a misfit).
+    listener: called as each thing happens: ('start', name, calls_per_step,
+      argument bytes, resident bytes) as a compile starts, ('program',
+      Program) as one is done, ('skipped', name).
   """
 
-  def __init__(self, usable, keep_going=False):
+  def __init__(self, usable, keep_going=False, listener=None):
     self.usable = usable
     self.keep_going = keep_going
     self.programs = []
     self.skipped = []
+    self.listener = listener or (lambda *event: None)
+
+  def skip(self, name):
+    self.skipped.append(name)
+    self.listener('skipped', name)
+
+  def _add(self, program):
+    self.programs.append(program)
+    self.listener('program', program)
 
   @property
   def stopped(self):
@@ -318,17 +353,18 @@ class _Compiler:
       The outputs as ShapeDtypeStructs, or None when not compiled.
     """
     if self.stopped:
-      self.skipped.append(name)
+      self.skip(name)
       return None
     start = time.perf_counter()
     arg_bytes = _per_chip_bytes(args)
     if arg_bytes + resident_bytes > self.usable:
       # The inputs alone overflow: no need to ask the compiler.
-      self.programs.append(_refused(
+      self._add(_refused(
           name, calls_per_step, arg_bytes, resident_bytes, start,
           f'its arguments alone take {_gib(arg_bytes)} GiB per device',
           arg_bytes))
       return None
+    self.listener('start', name, calls_per_step, arg_bytes, resident_bytes)
     logging.info('Compiling %s ...', name)
     lowered = fn.lower(*args, **kwargs)
     try:
@@ -337,7 +373,7 @@ class _Compiler:
       match = _OUT_OF_HBM.search(str(e))
       if not match:
         raise
-      self.programs.append(_refused(
+      self._add(_refused(
           name, calls_per_step, arg_bytes, resident_bytes, start,
           str(e).strip().splitlines()[0],
           tpu_topology.parse_bytes(*match.groups())))
@@ -362,7 +398,7 @@ class _Compiler:
     )
     logging.info('Compiled %s in %.1f s: %s GiB per device', name, seconds,
                  _gib(program.total_bytes))
-    self.programs.append(program)
+    self._add(program)
     outputs = _outputs(lowered, compiled)
     # Free the executable and JAX's tracing caches before the next compile:
     # kept, they added up (the 4B on a v5litepod-8 grew to 24 GiB of host
@@ -386,8 +422,8 @@ def _refused(name, calls_per_step, arg_bytes, resident_bytes, start, error,
 
 
 def compile_programs(config, mesh, usable, programs=PROGRAMS,
-                     keep_going=False):
-  """Compiles the trainer's programs for `mesh`.
+                     keep_going=False, listener=None):
+  """Compiles the trainer's programs for `mesh`, in this process.
 
   Args:
     config: the run's config (validated).
@@ -395,6 +431,7 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
     usable: HBM bytes a program may use on one device.
     programs: the subset of PROGRAMS to compile (those the config runs).
     keep_going: go on after a program that does not fit.
+    listener: told of each compile as it starts and ends (`_Compiler`).
 
   Returns:
     ([Program], [names of programs skipped after a misfit]).
@@ -403,7 +440,7 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
   hp = grpo.hparams_from_config(config)
   g, gen = config.grpo, config.generation
   opt_bytes = _per_chip_bytes(nnx.state(optimizer, nnx.OptState))
-  compiler = _Compiler(usable, keep_going)
+  compiler = _Compiler(usable, keep_going, listener)
   micro_batches = config.training.batch_size // config.training.micro_batch_size
 
   if {'rollout_prefill', 'rollout_decode'} & set(programs):
@@ -443,7 +480,7 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
     )
     if 'rollout_decode' in programs:
       if state is None:
-        compiler.skipped.append('rollout_decode')
+        compiler.skip('rollout_decode')
       else:
         compiler(
             'rollout_decode', sampler.decode_fn, (sampler.params, state), {},
@@ -469,6 +506,177 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
              {'hp': hp}, g.num_iterations, 0, micro_batches)
   results = [p for p in compiler.programs if p.name in programs]
   return results, compiler.skipped
+
+
+# Compile children run this; argv[1] is the descriptor their events go to.
+_CHILD = ('import sys; from agent_tunix import preflight; '
+          'preflight.compile_child(int(sys.argv[1]))')
+# Tests set it to a program's name: the compile child kills itself (SIGKILL)
+# as that program's compile starts, as the kernel's OOM killer would.
+KILL_AT_ENV = 'AGENT_TUNIX_PREFLIGHT_TEST_KILL_AT'
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def runs(config, programs=PROGRAMS):
+  """The `programs` the config runs, in PROGRAMS order."""
+  hp = grpo.hparams_from_config(config)
+  return [p for p in PROGRAMS if p in programs and
+          (p != 'reference_logps' or hp.needs_reference)]
+
+
+def compile_isolated(config, topology, usable, programs=PROGRAMS,
+                     keep_going=False):
+  """`compile_programs` in a child process, which the kernel may kill.
+
+  A program's compile can take more host RAM than the machine has; the
+  kernel then kills the compiling process (SIGKILL) and all it printed was
+  "Killed". Here that is the child: the program it was compiling comes
+  back as a `Killed` with the peak host memory the child reached, the
+  programs after it are skipped (or, with `keep_going`, compiled by a new
+  child), and the report says so. The child builds the abstract model once
+  and compiles the programs in turn, as `compile_programs` in this process
+  would, so the report is the same.
+
+  Args:
+    config: the run's config (validated).
+    topology: the slice (a `tpu_topology.parse` name).
+    usable: HBM bytes a program may use on one device.
+    programs: the subset of PROGRAMS to compile.
+    keep_going: go on after a program that does not fit or was killed.
+
+  Returns:
+    ([Program], [names of programs skipped]), as `compile_programs`.
+  """
+  todo = runs(config, programs)
+  done, skipped = [], []
+  while todo:
+    compiled, more, killed = _compile_in_child(config, topology, usable, todo,
+                                               keep_going)
+    done += compiled
+    skipped += more
+    if killed is None:
+      break
+    done.append(killed)
+    order = PROGRAMS.index(killed.name)
+    todo = [p for p in todo if PROGRAMS.index(p) > order]
+    if killed.name == 'rollout_prefill' and 'rollout_decode' in todo:
+      todo.remove('rollout_decode')  # It starts from the prefill's outputs.
+      skipped.append('rollout_decode')
+    if not keep_going:
+      skipped += todo
+      break
+  return done, skipped
+
+
+def _compile_in_child(config, topology, usable, programs, keep_going):
+  """One compile child's ([Program], [skipped], `Killed` or None)."""
+  read_fd, write_fd = os.pipe()
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join(
+      [_ROOT] + ([env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
+  try:
+    child = subprocess.Popen([sys.executable, '-c', _CHILD, str(write_fd)],
+                             stdin=subprocess.PIPE, pass_fds=(write_fd,),
+                             env=env)
+  finally:
+    os.close(write_fd)
+  try:
+    child.stdin.write(pickle.dumps((config, topology, usable, programs,
+                                    keep_going, logging.get_verbosity())))
+    child.stdin.close()
+  except BrokenPipeError:
+    pass  # It died first; its exit status tells.
+  compiled, skipped, started, finished, error = [], [], None, False, ''
+  with os.fdopen(read_fd, 'rb') as events:
+    while True:
+      try:
+        kind, *args = pickle.load(events)
+      except (EOFError, pickle.UnpicklingError):
+        break  # It is done or dead.
+      if kind == 'start':
+        started = (args, time.perf_counter())
+      elif kind == 'program':
+        compiled.append(args[0])
+        started = None
+      elif kind == 'skipped':
+        skipped.append(args[0])
+      elif kind == 'error':
+        error = args[0]
+      elif kind == 'done':
+        finished = True
+  _, status, usage = os.wait4(child.pid, 0)
+  child.returncode = os.waitstatus_to_exitcode(status)
+  if finished and child.returncode == 0:
+    return compiled, skipped, None
+  # ru_maxrss: kilobytes on Linux, bytes on macOS.
+  peak = usage.ru_maxrss * (1 if sys.platform == 'darwin' else 1024)
+  doing = f'compiling {started[0][0]}' if started else 'building the model'
+  if child.returncode == -signal.SIGKILL:
+    if not started:
+      raise RuntimeError(
+          f'The preflight\'s compile child was killed by the kernel '
+          f'(SIGKILL) while {doing}, likely out of host memory, at '
+          f'{_gib(peak)} GiB of host RAM (peak resident); run it on a '
+          'machine with more RAM.')
+    (name, calls_per_step, arg_bytes, resident_bytes), start = started
+    logging.warning('%s: the compile child was killed by the kernel at %s '
+                    'GiB of host RAM.', name, _gib(peak))
+    killed = Killed(
+        name=name, calls_per_step=calls_per_step, argument_bytes=arg_bytes,
+        output_bytes=0, alias_bytes=0, temp_bytes=0, code_bytes=0,
+        resident_bytes=int(resident_bytes), flops=0.0, bytes_accessed=0.0,
+        compile_s=time.perf_counter() - start,
+        error=(f'killed by the kernel (SIGKILL) while compiling, likely out '
+               f'of host memory: the compiling process had reached '
+               f'{_gib(peak)} GiB of host RAM (peak resident)'),
+        host_peak_bytes=peak)
+    return compiled, skipped, killed
+  how = (f'died of signal {signal.Signals(-child.returncode).name}'
+         if child.returncode < 0 else f'exited with status {child.returncode}')
+  raise RuntimeError(
+      f'The preflight\'s compile child {how} while {doing}'
+      + (f':\n{error}' if error else ' (its output is above).'))
+
+
+def compile_child(events_fd):
+  """A compile child's main: `compile_programs` on its parent's payload.
+
+  The payload (config, topology, usable, programs, keep_going, absl
+  verbosity) comes pickled on stdin; the events of `_Compiler.listener`,
+  then ('done',) or ('error', traceback), go pickled to `events_fd`.
+  """
+  (config, topology, usable, programs, keep_going,
+   verbosity) = pickle.load(sys.stdin.buffer)
+  flags.FLAGS(sys.argv[:1])
+  logging.use_absl_handler()  # Logs to stderr as the command's own do.
+  logging.set_verbosity(verbosity)
+  kill_at = os.environ.get(KILL_AT_ENV)
+  with os.fdopen(events_fd, 'wb') as out:
+
+    def send(*event):
+      pickle.dump(event, out)
+      out.flush()
+      if event[0] == 'start' and event[1] == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    try:
+      spec = tpu_topology.parse(topology)
+      mesh = sharding.make_mesh(config.mesh,
+                                devices=tpu_topology.devices(spec))
+      compile_programs(config, mesh, usable, programs, keep_going, send)
+    except Exception:  # pylint: disable=broad-exception-caught
+      send('error', traceback.format_exc())  # The parent raises it.
+      sys.exit(1)
+    send('done')
+
+
+def host_fixes(program):
+  """What to do about a program whose compile the kernel killed, as text."""
+  return [
+      'a machine with more host RAM',
+      f'--programs={program.name} (one program per preflight run, so '
+      'nothing compiled before it shares its process)',
+  ]
 
 
 def fixes(config, program, spec):
@@ -534,7 +742,8 @@ def report(config, spec, programs, usable, devices_per_chip=1,
         fits=fits,
         bytes_over=max(0, p.total_bytes - usable),
         time_bound_s=bound,
-        fixes=[] if fits else fixes(config, p, spec),
+        fixes=([] if fits else host_fixes(p) if getattr(p, 'killed', False)
+               else fixes(config, p, spec)),
     )
     rows.append(row)
   return {
@@ -611,7 +820,7 @@ def format_report(result):
         f"{_gib(r['output_bytes'] - r['alias_bytes']):>7s} "
         f"{_gib(r['temp_bytes']):>7s} {_gib(r['code_bytes']):>6s} "
         f"{_gib(r['resident_bytes']):>7s} {_gib(r['total_bytes']):>7s}  "
-        f"{'yes ' if r['fits'] else 'NO  '}  {r['flops'] / 1e9:9.1f} "
+        f"{_fits_cell(r)}  {r['flops'] / 1e9:9.1f} "
         f"{r['bytes_accessed'] / 1e9:8.2f} {r['time_bound_s'] * 1e3:9.2f} "
         f"x {r['calls_per_step']:g}"
     )
@@ -620,7 +829,10 @@ def format_report(result):
       '(a bound from flops and bytes, not a measurement)'
   )
   for r in result['programs']:
-    if not r['fits']:
+    if r.get('killed'):
+      lines.append(f"KILLED: {r['name']} was {r['error']}. Fixes: "
+                   + '; '.join(r['fixes']) + '.')
+    elif not r['fits']:
       lines.append(
           f"DOES NOT FIT: {r['name']} needs {_gib(r['total_bytes'])} GiB per "
           f"chip, {_gib(r['bytes_over'])} GiB over the "
@@ -632,8 +844,27 @@ def format_report(result):
   if result['skipped']:
     lines.append(f"Not compiled after that: {', '.join(result['skipped'])} "
                  '(--keep_going compiles them too).')
-  lines.append('FITS' if result['fits'] else 'DOES NOT FIT')
+  lines.append(verdict(result))
   return '\n'.join(lines)
+
+
+def _fits_cell(row):
+  if row.get('killed'):
+    return 'kill'
+  return 'yes ' if row['fits'] else 'NO  '
+
+
+def verdict(result):
+  """'FITS', 'DOES NOT FIT', or 'NOT KNOWN' when the kernel killed a compile.
+
+  A program that does not fit decides; a killed one leaves the answer open.
+  """
+  if result['fits']:
+    return 'FITS'
+  if any(not r['fits'] and not r.get('killed') for r in result['programs']):
+    return 'DOES NOT FIT'
+  return ('NOT KNOWN: the kernel killed a compile (host memory); see KILLED '
+          'above')
 
 
 def prepare(config, topology):
@@ -669,8 +900,15 @@ def summary_table(reports):
   for r in reports:
     topo = r['topology']
     compiled = [p for p in r['programs'] if p['fits']]
-    misfits = [p['name'] for p in r['programs'] if not p['fits']]
-    fits = 'yes' if r['fits'] else 'no: ' + ', '.join(misfits)
+    misfits = [p['name'] for p in r['programs']
+               if not p['fits'] and not p.get('killed')]
+    killed = [p['name'] for p in r['programs'] if p.get('killed')]
+    if r['fits']:
+      fits = 'yes'
+    elif misfits:
+      fits = 'no: ' + ', '.join(misfits)
+    else:
+      fits = 'not known: ' + ', '.join(killed) + ' killed (host RAM)'
     bound = (f"{r['step_time_bound_s']:.3g} s" if r['fits'] and compiled
              else '-')
     lines.append(
@@ -704,7 +942,7 @@ def run(config, topology, programs=PROGRAMS, keep_going=False):
         '(put -1 on one axis).'
     )
   usable = tpu_topology.available_hbm_bytes(devices[0])
-  compiled, skipped = compile_programs(config, mesh, usable, programs,
+  compiled, skipped = compile_isolated(config, topology, usable, programs,
                                        keep_going)
   return report(config, spec, compiled, usable=usable,
                 devices_per_chip=max(1, len(devices) // spec.num_chips),
@@ -733,8 +971,8 @@ def _define_flags():
   )
   _KEEP_GOING = flags.DEFINE_bool(
       'keep_going', False,
-      'Compile every program even after one does not fit (by default the '
-      'preflight stops at the first).'
+      'Compile every program even after one does not fit or its compile '
+      'was killed (by default the preflight stops at the first).'
   )
   _SUMMARIZE = flags.DEFINE_list(
       'summarize', [],
@@ -776,7 +1014,7 @@ def main(argv):
   if _OUTPUT.value:
     with open(_OUTPUT.value, 'w') as f:
       json.dump(result, f, indent=2)
-  sys.exit(0 if result['fits'] else 1)
+  sys.exit({'FITS': 0, 'DOES NOT FIT': 1}.get(verdict(result), 3))
 
 
 if __name__ == '__main__':

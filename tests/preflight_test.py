@@ -157,6 +157,41 @@ def test_a_config_that_cannot_fit_is_named_with_fixes():
   assert 'Not compiled after that: update' in out.stdout
 
 
+@pytest.mark.parametrize('keep_going', [False, True])
+def test_a_compile_killed_by_the_kernel_is_reported(monkeypatch, keep_going):
+  # The compile child kills itself (SIGKILL) as reference_logps starts, as
+  # the kernel does out of host memory; the preflight lives on to say so.
+  monkeypatch.setenv(preflight.KILL_AT_ENV, 'reference_logps')
+  config = _tiny(**{'training.batch_size': 4,
+                    'training.micro_batch_size': 2})
+  result = preflight.run(config, 'v5e:2x2',
+                         programs=('reference_logps', 'update'),
+                         keep_going=keep_going)
+  programs = _by_name(result)
+  killed = programs['reference_logps']
+  assert killed['killed'] and not killed['fits']
+  assert 'killed by the kernel' in killed['error']
+  assert 'out of host memory' in killed['error']
+  # The child had imported JAX and built the model: hundreds of MB.
+  assert killed['host_peak_bytes'] > 100 * 2**20
+  gib = f"{killed['host_peak_bytes'] / tpu_topology.GiB:.2f} GiB"
+  assert f'had reached {gib} of host RAM' in killed['error']
+  assert any('more host RAM' in f for f in killed['fixes'])
+  assert '--programs=reference_logps' in ' '.join(killed['fixes'])
+  assert 'killed' not in programs.get('update', {})  # Rows stay as they were.
+  text = preflight.format_report(result)
+  assert f"KILLED: reference_logps was {killed['error']}" in text
+  assert preflight.verdict(result).startswith('NOT KNOWN')
+  assert not result['fits']
+  json.dumps(result)
+  if keep_going:  # A new child compiles the rest.
+    assert programs['update']['fits'] and result['skipped'] == []
+  else:
+    assert set(programs) == {'reference_logps'}
+    assert result['skipped'] == ['update']
+    assert 'Not compiled after that: update' in text
+
+
 def test_fixes_suggest_only_a_tp_size_the_model_allows():
   program = types.SimpleNamespace(name='rollout_prefill')
   spec = tpu_topology.parse('v5litepod-8')
