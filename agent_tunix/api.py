@@ -80,7 +80,7 @@ def evaluate(session):
     {'accuracy', 'format_accuracy', and 'pass_at_k' if eval.pass_at_k > 0},
     each with its standard error ('accuracy_stderr', ...).
   """
-  scores, _ = evaluation.evaluate(
+  scores, _, _ = evaluation.evaluate(
       session.sampler, session.tokenizer, session.eval_set, session.config
   )
   return scores

@@ -69,7 +69,7 @@ def main(argv):
   step = None
   if workdir and checkpoint.has_steps(workdir):
     step = train.restore_lora(session, workdir, _STEP.value)
-  scores, _ = evaluation.evaluate(
+  scores, _, _ = evaluation.evaluate(
       session.sampler, session.tokenizer, session.eval_set, config
   )
   sys.stdout.write(json.dumps({

@@ -1079,3 +1079,27 @@ def test_a_non_tool_environment_fits_the_protocol():
   assert env.step('9').text == 'lower'
   assert env.step('7').done
   assert env.stats == {} and env.tool_calls == []
+
+
+@pytest.mark.parametrize('text, closing', [
+    ('[echo(text="a")]', '<end_of_turn>'),  # A whole call list.
+    ('I need it. [echo(text="a")]  ', '<end_of_turn>'),
+    ('<reasoning>7</reasoning><answer>7</answer>', ''),  # An answer.
+    ('<reasoning>7</reasoning><answer>7</answer>\n', ''),
+    ('<reasoning>x[1]', None),  # A bracket in running text.
+    ('[echo(text="a")', None),  # Not closed yet.
+    ('<reasoning>7</reasoning>', None),
+])
+def test_environment_says_when_a_turn_without_an_end_token_is_over(
+    executor, text, closing):
+  env = env_lib.ToolEnvironment(_TOOLS, GEMMA3, executor,
+                                answer_end='</answer>')
+  assert env.pause_texts == (']', '>')
+  assert env.ends_turn(text) == closing
+
+
+def test_environment_without_answer_end_pauses_on_calls_only(executor):
+  env = env_lib.ToolEnvironment(_TOOLS, GEMMA3, executor)
+  assert env.pause_texts == (']',)
+  assert env.ends_turn('<answer>7</answer>') is None
+  assert env_lib.Environment.ends_turn(env, '[echo(text="a")]') is None

@@ -54,7 +54,7 @@ def test_prepare_train_evaluate_ask_export(tmp_path):
 
   # ask() is the greedy completion of the run's prompt for the question.
   example = session.eval_set[0]
-  _, texts = evaluation.evaluate(
+  _, texts, _ = evaluation.evaluate(
       session.sampler, session.tokenizer, session.eval_set[:1], config)
   assert api.ask(session, example['question']) == texts[0]
   with pytest.raises(ValueError, match='max_prompt_length=128'):

@@ -174,3 +174,60 @@ def test_truncate_middle_keeps_both_ends():
   assert len(got) == 12 and got[:5] == [0, 1, 2, 3, 4]
   assert got[5:7] == [-1, -2] and got[7:] == [95, 96, 97, 98, 99]
   assert episodes.truncate_middle(ids[:5], 12, [-1]) == ids[:5]
+
+
+class _Pausing(_Scripted):
+  """Pauses on every sampled piece holding an 'e'; every second pause of
+  a turn completes it (closed by <end_of_turn>), the others let it go on."""
+
+  pause_texts = ('e',)
+
+  def __init__(self, inserts):
+    super().__init__(inserts)
+    self.pauses = []
+
+  def ends_turn(self, partial_text):
+    self.pauses.append(partial_text)
+    return '<end_of_turn>' if len(self.pauses) % 2 == 0 else None
+
+
+def test_pause_tokens_end_turns_the_environment_calls_complete(
+    tiny_model, prompts):
+  model, tokenizer = tiny_model
+  roll = rollout.Rollout(model, tokenizer, cache_size=_PROMPT_LEN + _STEPS)
+  envs = []
+
+  def make():
+    envs.append(_Pausing(['\n<start_of_turn>user\nok<end_of_turn>\n'
+                          '<start_of_turn>model\n']))
+    return envs[-1]
+
+  sampler = episodes.EpisodeRollout(roll, make, max_turn_tokens=16,
+                                    max_insert_tokens=32)
+  assert tokenizer.piece_to_id('▁the') in sampler._pause_ids  # pylint: disable=protected-access
+  envs.clear()
+  out = sampler.generate(prompts, _STEPS, seed=0, temperature=1.0, top_k=0,
+                         top_p=1.0, num_generations=2)
+  closing = tokenizer.piece_to_id('<end_of_turn>')
+  insert = [closing] + [int(t) for t in tokenizer.encode(
+      '\n<start_of_turn>user\nok<end_of_turn>\n<start_of_turn>model\n')]
+  resumed = 0
+  for i, episode in enumerate(out.episodes):
+    env = envs[i]
+    real = out.input_mask[i] > 0
+    forced = real & (out.mask[i] == 0)
+    # A pause that did not complete the turn let it go on: the turn the
+    # environment saw holds the text of that earlier pause.
+    if len(env.seen) >= 1 and len(env.pauses) >= 2:
+      assert env.seen[0].startswith(env.pauses[0])
+      resumed += 1
+    if episode.turns == 2 and episode.finish == 'answer':
+      # The closing text is inserted before the reply.
+      assert out.tokens[i][forced].tolist() == insert
+    last = np.nonzero(real)[0][-1]
+    assert real[:last + 1].all()  # No holes.
+  assert resumed >= 2, [len(e.pauses) for e in envs]
+  want = _trainer_logps(model, prompts, out, group=2)
+  model_tokens = out.mask > 0
+  np.testing.assert_allclose(out.logps[model_tokens], want[model_tokens],
+                             atol=2e-4)

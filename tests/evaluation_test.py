@@ -129,10 +129,10 @@ def test_evaluate_scores_and_padded_batches():
   sampler = _ScriptedSampler(greedy, sampled, answers)
   config = _config(batch_size=4, pass_at_k=2)
 
-  scores, texts = evaluation.evaluate(
+  scores, texts, transcripts = evaluation.evaluate(
       sampler, _FakeTokenizer(), _examples(answers), config, seed=5)
 
-  assert texts == greedy
+  assert texts == greedy and transcripts is None
   # Standard error of 2/3 over 3 questions: sqrt(2/3 * 1/3 / 3) = 0.272.
   stderr = pytest.approx((2 / 3 * 1 / 3 / 3) ** 0.5)
   assert scores == {
@@ -170,7 +170,7 @@ def test_evaluate_pass_at_k_counts_questions_not_samples():
   # Question 0: every sample correct; question 1: none.
   sampled = [[_GOOD.format(1)] * 3, ['<answer>5</answer>'] * 3]
   sampler = _ScriptedSampler(['', ''], sampled, answers)
-  scores, _ = evaluation.evaluate(
+  scores, _, _ = evaluation.evaluate(
       sampler, _FakeTokenizer(), _examples(answers), _config(2, 3))
   assert scores == {'accuracy': 0.0, 'accuracy_stderr': 0.0,
                     'format_accuracy': 0.0, 'format_accuracy_stderr': 0.0,
@@ -184,7 +184,7 @@ def test_evaluate_pass_at_k_counts_questions_not_samples():
 
 def test_evaluate_without_pass_at_k_samples_greedily_only():
   sampler = _ScriptedSampler([_GOOD.format(3)], [[]], ['3'])
-  scores, _ = evaluation.evaluate(
+  scores, _, _ = evaluation.evaluate(
       sampler, _FakeTokenizer(), _examples(['3']), _config(8, 0))
   assert scores == {'accuracy': 1.0, 'accuracy_stderr': 0.0,
                     'format_accuracy': 1.0, 'format_accuracy_stderr': 0.0}

@@ -65,7 +65,31 @@ class Reply:
 
 
 class Environment(abc.ABC):
-  """One episode's counterpart: answers the model's turns."""
+  """One episode's counterpart: answers the model's turns.
+
+  A turn ends at an end token (`<end_of_turn>`). A model that does not
+  write one (a pretrained model copying a few-shot prompt) can still end a
+  turn: when it samples a token whose text holds one of `pause_texts`, the
+  rollout asks `ends_turn` whether the turn so far is complete.
+  """
+
+  # Texts whose appearance in a sampled token makes the rollout ask
+  # `ends_turn`; () = only end tokens end a turn.
+  pause_texts: tuple[str, ...] = ()
+
+  def ends_turn(self, partial_text: str) -> str | None:
+    """Whether a turn that has not met an end token is complete.
+
+    Args:
+      partial_text: The turn's text so far.
+
+    Returns:
+      None when the turn goes on; else the text that closes it (e.g.
+      '<end_of_turn>', inserted before the reply to `step`, which the
+      rollout calls next; '' to close it with nothing).
+    """
+    del partial_text
+    return None
 
   @abc.abstractmethod
   def reset(self, example: Mapping[str, Any]) -> None:
@@ -152,6 +176,7 @@ class ToolEnvironment(Environment):
                executor: executor_lib.Executor,
                max_tool_calls: int = 3, max_calls_per_turn: int = 2,
                episode_timeout_s: float | None = None,
+               answer_end: str = '',
                clock: Callable[[], float] = time.monotonic):
     """Sets the limits.
 
@@ -163,6 +188,8 @@ class ToolEnvironment(Environment):
       max_tool_calls: Calls (plus unreadable call turns) per episode.
       max_calls_per_turn: Calls run per turn; the rest get an error.
       episode_timeout_s: Wall-time limit from `reset`; None: none.
+      answer_end: Text that completes a final answer (e.g. '</answer>'):
+        a turn ending with it is over without an end token. '' = none.
       clock: Seconds, monotonic (tests pass a fake).
 
     Raises:
@@ -183,6 +210,10 @@ class ToolEnvironment(Environment):
     self.max_tool_calls = int(max_tool_calls)
     self.max_calls_per_turn = int(max_calls_per_turn)
     self.episode_timeout_s = episode_timeout_s
+    self.answer_end = answer_end
+    # A call list closes with ']'; an answer with answer_end's last
+    # character.
+    self.pause_texts = (']',) + ((answer_end[-1],) if answer_end else ())
     self._clock = clock
     self._names = {t.name for t in self.tools}
     self.example: dict[str, Any] = {}
@@ -212,6 +243,17 @@ class ToolEnvironment(Environment):
   def instructions(self, example: formats.Call | None = None) -> str:
     """The prompt text that lists this environment's tools."""
     return self.format.instructions(self.tools, example)
+
+  def ends_turn(self, partial_text: str) -> str | None:
+    """A turn is complete once it ends with a well-formed call list (closed
+    by the format's call end) or with `answer_end` (closed by nothing)."""
+    if self.answer_end and partial_text.rstrip().endswith(self.answer_end):
+      return ''
+    try:
+      calls = self.format.parse(partial_text)
+    except formats.ToolParseError:
+      return None  # Maybe not finished yet: the turn goes on.
+    return self.format.call_end if calls else None
 
   def step(self, turn_text: str) -> Reply:
     if self._stats.finish is not None:
@@ -313,7 +355,7 @@ class EnvironmentFactory:
                *, tool_timeout_s: float = 5.0, max_output_chars: int = 1000,
                max_tool_calls: int = 3, max_calls_per_turn: int = 2,
                episode_timeout_s: float | None = None, max_workers: int = 4,
-               max_abandoned: int = 16):
+               max_abandoned: int = 16, answer_end: str = ''):
     """Resolves the tools and format and starts the executor.
 
     Args:
@@ -327,6 +369,7 @@ class EnvironmentFactory:
       episode_timeout_s: See `ToolEnvironment`.
       max_workers: See `executor.Executor`.
       max_abandoned: See `executor.Executor`.
+      answer_end: See `ToolEnvironment`.
 
     Raises:
       tools.ToolConfigError: for a bad tool spec or no tools.
@@ -346,7 +389,8 @@ class EnvironmentFactory:
         max_workers=max_workers, max_abandoned=max_abandoned)
     self._limits = dict(max_tool_calls=max_tool_calls,
                         max_calls_per_turn=max_calls_per_turn,
-                        episode_timeout_s=episode_timeout_s)
+                        episode_timeout_s=episode_timeout_s,
+                        answer_end=answer_end)
     self()  # Checks the limits now rather than at the first row.
 
   def __call__(self) -> ToolEnvironment:

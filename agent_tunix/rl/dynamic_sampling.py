@@ -206,7 +206,7 @@ def assemble(rounds, selection, places, num_generations, scale_rewards):
     prompt_mask = np.repeat(one.prompt_mask[j][None], g, axis=0)
     parts['tokens'].append(np.concatenate([prompt, out.tokens[rows]], 1))
     parts['input_mask'].append(
-        np.concatenate([prompt_mask, out.mask[rows] > 0], axis=1))
+        np.concatenate([prompt_mask, out.attended[rows] > 0], axis=1))
     parts['completion_mask'].append(out.mask[rows])
     parts['sampler_logps'].append(out.logps[rows])
     parts['rewards'].append(one.group_rewards[j])

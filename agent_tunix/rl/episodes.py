@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from tunix.generate import utils as sampler_utils
 
+from agent_tunix.agent import environment
 from agent_tunix.data import pipeline
 from agent_tunix.models import decode
 from agent_tunix.rl import rollout as rollout_lib
@@ -57,7 +58,7 @@ from agent_tunix.tpu import sharding
 # turn); the others are limits: 'turn_tokens' (a turn reached the per-turn
 # cap), 'columns' (no room left in the cache for the next insert or turn),
 # and whatever the environment reports ('max_tool_calls', 'timeout').
-FINISH_ANSWER = 'answer'
+FINISH_ANSWER = environment.FINISH_ANSWER
 FINISH_TURN_TOKENS = 'turn_tokens'
 FINISH_COLUMNS = 'columns'
 
@@ -98,6 +99,17 @@ def truncate_middle(ids, cap, marker_ids):
   return ids[:head] + marker_ids + (ids[len(ids) - tail:] if tail else [])
 
 
+def pause_token_ids(tokenizer, texts):
+  """int32 ids of the vocabulary pieces that hold any of `texts`: a row that
+  samples one pauses, and its environment's `ends_turn` says whether its
+  turn is over (see `agent.environment.Environment`)."""
+  if not texts:
+    return np.zeros((0,), np.int32)
+  ids = [i for i in range(tokenizer.get_piece_size())
+         if any(t in tokenizer.id_to_piece(i) for t in texts)]
+  return np.array(ids, np.int32)
+
+
 class EpisodeRollout:
   """Samples multi-turn episodes with a `rollout.Rollout`'s sampler."""
 
@@ -135,6 +147,8 @@ class EpisodeRollout:
     self._compiled_loop = jax.jit(loop, donate_argnums=(1,),
                                   compiler_options=options)
     self._pad = sampler.tokenizer.pad_id()
+    self._pause_ids = pause_token_ids(
+        self.tokenizer, getattr(make_environment(), 'pause_texts', ()))
     # Host seconds spent in environments during the last `generate`.
     self.last_host_seconds = 0.0
     self.last_decode_calls = 0
@@ -148,6 +162,12 @@ class EpisodeRollout:
   @property
   def end_ids(self):
     return self.rollout.end_ids
+
+  def close(self):
+    """Stops the environments' shared tool executor, if they have one."""
+    close = getattr(self.make_environment, 'close', None)
+    if close is not None:
+      close()
 
   def _decode_loop(self, params, state, forced_tokens, forced, turn_start,
                    turn_cap):
@@ -192,6 +212,8 @@ class EpisodeRollout:
                         jnp.where(s.done, pad, sampled))
       logp = jnp.where(is_forced | s.done, 0.0, n.logprobs_buffer[rows, col])
       ended = jnp.isin(token, eos) | (col + 1 - turn_start >= turn_cap)
+      if len(self._pause_ids):
+        ended |= jnp.isin(token, self._pause_ids)
       done = (s.done | ended) & ~is_forced
       return n.replace(
           token_buffer=n.token_buffer.at[:, col].set(token),
@@ -274,14 +296,22 @@ class EpisodeRollout:
       for r in range(n):
         if finish[r] is not None:
           continue
-        end = self._turn_end(tokens[r], turn_start[r], step, done[r])
-        if end is None:  # Still in its turn.
+        end, how = self._turn_end(tokens[r], turn_start[r], step, done[r])
+        closing = ''
+        if how == 'pause':
+          closing = envs[r].ends_turn(
+              self._turn_text(tokens[r, turn_start[r]:end + 1]))
+          if closing is None:  # Not complete: the turn goes on.
+            at_cap = end + 1 - turn_start[r] >= self.max_turn_tokens
+            how = 'cap' if at_cap else None
+            if not at_cap:
+              new_done[r] = False
+              continue
+        if how is None:  # Still in its turn.
           if step < total_steps - 1:
             continue
-          end = step  # Out of columns mid-turn.
-          finish[r] = FINISH_COLUMNS
-        elif end < 0:  # At the per-turn cap, without an end.
-          end = step
+          finish[r] = FINISH_COLUMNS  # Out of columns mid-turn.
+        elif how == 'cap':
           finish[r] = FINISH_TURN_TOKENS
         turns[r].append((turn_start[r], end + 1))
         end_col[r] = end
@@ -292,7 +322,7 @@ class EpisodeRollout:
             finish[r] = reply.finish or FINISH_ANSWER
           else:
             ids = truncate_middle(
-                [int(t) for t in self.tokenizer.encode(reply.text)],
+                [int(t) for t in self.tokenizer.encode(closing + reply.text)],
                 self.max_insert_tokens, self._marker_ids)
             # After what the loop wrote, with room for one sampled token.
             start = step + 1
@@ -343,26 +373,30 @@ class EpisodeRollout:
         [envs[r] for r in chosen], num_prompt)
 
   def _turn_end(self, row, start, step, done):
-    """Where the turn that began at column `start` ended, as of `step`.
+    """How and where the turn that began at column `start` ended.
 
-    Returns the column of its end token or of the token completing a stop
-    text; -1 when the decode loop stopped it at the per-turn cap; None
-    while it goes on.
+    Returns (column of its last token, how): 'end' (an end token), 'stop'
+    (the token completing a stop text), 'pause' (a pause token: the
+    environment says whether the turn is complete), 'cap' (the decode loop
+    stopped it at the per-turn cap), or (step, None) while it goes on.
     """
     turn = row[start:step + 1]
+    end, how = len(turn), None
     if done:
       is_end = np.isin(turn, self.end_ids)
-      if not is_end.any():
-        return -1
-      end = int(is_end.argmax())
-    else:
-      end = len(turn)
+      if is_end.any():
+        end, how = int(is_end.argmax()), 'end'
+      elif np.isin(turn[-1], self._pause_ids):
+        end, how = len(turn) - 1, 'pause'
+      else:
+        end, how = len(turn) - 1, 'cap'
     if self.rollout.stop_sequences:
-      stop = rollout_lib.ending_tokens(
+      stop = int(rollout_lib.ending_tokens(
           turn[None, :end], self.end_ids, self.tokenizer,
-          self.rollout.stop_sequences)[0]
-      end = min(end, int(stop))
-    return start + end if end < len(turn) else None
+          self.rollout.stop_sequences)[0])
+      if stop < end:
+        end, how = stop, 'stop'
+    return (start + end, how) if how else (step, None)
 
   def _turn_text(self, ids):
     """A model turn's text: its end token and any stop text left out."""
@@ -437,3 +471,106 @@ class EpisodeRollout:
         run.append(t)
     parts.append(self.tokenizer.decode(run))
     return ''.join(parts)
+
+
+def from_config(config, rollout):
+  """The `EpisodeRollout` of `config.agent` over a single-turn `rollout`.
+
+  Raises:
+    ValueError: when the tokenizer lacks a control token the tool format
+      needs as one piece (FunctionGemma's tool tokens in a Gemma 3 vocab).
+  """
+  agent = config.agent
+  factory = environment.make_environment_factory(
+      agent.tools, agent.format,
+      tool_timeout_s=agent.tool_timeout_s,
+      # A cheap bound before tokenizing; the token cap then applies.
+      max_output_chars=8 * agent.max_tool_output_tokens,
+      max_tool_calls=agent.max_tool_calls,
+      max_calls_per_turn=agent.max_calls_per_turn,
+      episode_timeout_s=agent.episode_timeout_s or None,
+      answer_end=agent.answer_end)
+  tokenizer = rollout.tokenizer
+  missing = [p for p in factory.format.required_pieces
+             if tokenizer.piece_to_id(p) == tokenizer.unk_id()]
+  if missing:
+    factory.close()
+    raise ValueError(
+        f'config.agent.format={agent.format!r} needs the tokens {missing}, '
+        f'which the {config.model.preset} tokenizer does not have as single '
+        "pieces; use agent.format='gemma3'.")
+  # The format's stop pieces end a call turn (FunctionGemma's
+  # <start_function_response>); set before the decode loop first compiles.
+  stops = [tokenizer.piece_to_id(p) for p in factory.format.stop_pieces]
+  rollout.end_ids = list(dict.fromkeys(list(rollout.end_ids) + stops))
+  rollout.sampler.eos_ids = np.array(rollout.end_ids, np.int32)
+  return EpisodeRollout(rollout, factory, agent.max_turn_tokens,
+                        agent.max_tool_output_tokens)
+
+
+# Per-row statistics of a batch of episodes (`row_stats`), gathered over
+# processes and then reduced to scalars (`scalars`).
+_FINISHES = (FINISH_ANSWER, FINISH_TURN_TOKENS, FINISH_COLUMNS,
+             environment.FINISH_MAX_TOOL_CALLS, environment.FINISH_TIMEOUT)
+
+
+def row_stats(episodes):
+  """{name: float array [rows]} of `episodes` (see `scalars`)."""
+  def stat(name):
+    return np.array([float(e.stats.get(name, 0)) for e in episodes],
+                    np.float32)
+
+  finish = np.array([e.finish for e in episodes], object)
+  rows = {
+      'turns': np.array([e.turns for e in episodes], np.float32),
+      'model_tokens': np.array([e.model_tokens for e in episodes],
+                               np.float32),
+      'tool_tokens': np.array([e.insert_tokens for e in episodes],
+                              np.float32),
+      'calls': stat('tool_calls'),
+      'parse_errors': stat('parse_errors'),
+      'exec_errors': (stat('exec_errors') + stat('unknown_tool')
+                      + stat('argument_errors')),
+      'timeouts': stat('timeouts'),
+      'excess_calls': stat('excess_calls'),
+      'tool_seconds': stat('tool_seconds'),
+      'injected_markers': stat('injected_markers'),
+  }
+  for name in _FINISHES:
+    rows[f'finish_{name}'] = (finish == name).astype(np.float32)
+  return rows
+
+
+def scalars(rows):
+  """The `agent/*` metrics of gathered `row_stats`.
+
+  Per episode: turns, tool calls, the share that call a tool, model and
+  tool (inserted) tokens, how episodes finished; per call attempt (calls
+  run, unreadable call turns and calls over the per-turn cap): the parse,
+  execution and timeout error rates; and the tool wall time of the batch.
+  """
+  attempts = rows['calls'] + rows['parse_errors'] + rows['excess_calls']
+  per_attempt = lambda x: float(x.sum() / max(attempts.sum(), 1.0))
+  out = {
+      'agent/turns_mean': float(rows['turns'].mean()),
+      'agent/turns_max': float(rows['turns'].max()),
+      'agent/tool_calls_per_episode': float(rows['calls'].mean()),
+      'agent/tool_use_rate': float((rows['calls'] > 0).mean()),
+      'agent/parse_error_rate': per_attempt(rows['parse_errors']),
+      'agent/exec_error_rate': per_attempt(rows['exec_errors']),
+      'agent/timeout_rate': per_attempt(rows['timeouts']),
+      'agent/model_tokens_mean': float(rows['model_tokens'].mean()),
+      'agent/tool_tokens_mean': float(rows['tool_tokens'].mean()),
+      'agent/injected_markers': float(rows['injected_markers'].sum()),
+      'time/tool_s': float(rows['tool_seconds'].sum()),
+  }
+  for name in _FINISHES:
+    out[f'agent/finish/{name}'] = float(rows[f'finish_{name}'].mean())
+  return out
+
+
+def tool_use_bonus(episodes, amount):
+  """float32 [rows]: `amount` for episodes with a call that ran cleanly."""
+  return np.array(
+      [amount if any(c.get('error') is None for c in e.tool_calls) else 0.0
+       for e in episodes], np.float32)

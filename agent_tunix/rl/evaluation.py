@@ -12,6 +12,12 @@ Every accuracy comes with its standard error over the n questions,
 interval is about p +- 1.96 stderr). It is 0 when p is 0 or 1, however few
 the questions: read it beside n.
 
+With tools (an `episodes.EpisodeRollout` sampler), every question is a
+multi-turn episode: accuracy and format read its final model turn, and
+tool_calls_per_episode, tool_use_rate and tool_error_rate (failed call
+attempts per attempt: unreadable calls, unknown tools, bad arguments,
+exceptions, timeouts) describe the greedy episodes.
+
 Greedy batches hold `eval.batch_size` questions, padded so the sampler
 compiles once. pass@k samples the k completions of a question with one
 shared prefill (`Rollout.generate(num_generations=k)`), `eval.batch_size //
@@ -24,6 +30,7 @@ import numpy as np
 from agent_tunix.data import pipeline
 from agent_tunix.rewards import format as format_lib
 from agent_tunix.rewards import math as math_lib
+from agent_tunix.rl import episodes as episodes_lib
 
 
 def is_correct(completion, answer):
@@ -47,7 +54,7 @@ def format_scores(metrics):
   """'accuracy 0.250 +- 0.097, ...': each accuracy beside its stderr."""
   return ', '.join(
       f'{name} {value:.3f} +- {metrics[name + "_stderr"]:.3f}'
-      for name, value in metrics.items() if not name.endswith('_stderr')
+      for name, value in metrics.items() if name + '_stderr' in metrics
   )
 
 
@@ -68,29 +75,53 @@ def encode_examples(examples, tokenizer, max_prompt_length):
 
 
 def _generate_all(sampler, tokens, batch_size, max_steps, seed,
-                  num_generations=1, **sampling):
-  """Completion texts, `num_generations` per prompt row (contiguous).
+                  num_generations=1, examples=None, **sampling):
+  """(Completion texts, episodes or None), `num_generations` per prompt row
+  (contiguous).
 
   Prompts go to the sampler `batch_size` at a time; the last batch is
   padded by repeating its last row and the padding's texts are dropped.
+  An episode sampler also gets each row's example (`examples`).
   """
-  texts = []
+  texts, episodes = [], []
   for start in range(0, len(tokens), batch_size):
     chunk = tokens[start:start + batch_size]
     pad = batch_size - len(chunk)
     if pad:
       chunk = np.concatenate([chunk, np.repeat(chunk[-1:], pad, axis=0)])
+    extra = {}
+    if examples is not None:
+      rows = examples[start:start + batch_size]
+      extra['examples'] = rows + [rows[-1]] * pad
     out = sampler.generate(chunk, max_steps, seed + start,
-                           num_generations=num_generations, **sampling)
-    texts.extend(out.texts[:(batch_size - pad) * num_generations])
-  return texts
+                           num_generations=num_generations, **extra,
+                           **sampling)
+    keep = (batch_size - pad) * num_generations
+    texts.extend(out.texts[:keep])
+    if examples is not None:
+      episodes.extend(out.episodes[:keep])
+  return texts, (episodes if examples is not None else None)
+
+
+def tool_scores(episodes):
+  """Tool use of greedy episodes: calls per episode, the share of episodes
+  that call, and failed call attempts per attempt."""
+  rows = episodes_lib.row_stats(episodes)
+  attempts = rows['calls'] + rows['parse_errors'] + rows['excess_calls']
+  failed = rows['parse_errors'] + rows['exec_errors'] + rows['timeouts']
+  return {
+      'tool_calls_per_episode': float(rows['calls'].mean()),
+      'tool_use_rate': float((rows['calls'] > 0).mean()),
+      'tool_error_rate': float(failed.sum() / max(attempts.sum(), 1.0)),
+  }
 
 
 def evaluate(sampler, tokenizer, examples, config, seed=0):
   """Evaluates the sampler's current policy on `examples`.
 
   Args:
-    sampler: a `rollout.Rollout` over the policy.
+    sampler: a `rollout.Rollout` over the policy, or an
+      `episodes.EpisodeRollout` (tools).
     tokenizer: the policy's tokenizer.
     examples: dicts with 'prompt' and 'answer' (pipeline.eval_examples).
     config: the full config (generation, eval sections).
@@ -98,8 +129,10 @@ def evaluate(sampler, tokenizer, examples, config, seed=0):
 
   Returns:
     (metrics dict with accuracy, format_accuracy and, when eval.pass_at_k >
-    0, pass_at_k, each with its <name>_stderr; list of greedy completion
-    texts).
+    0, pass_at_k, each with its <name>_stderr, and with tools
+    tool_calls_per_episode, tool_use_rate and tool_error_rate; list of
+    greedy completion texts (with tools, the final turns); list of the
+    greedy episodes' transcripts, or None without tools).
   """
   if not examples:
     raise ValueError(
@@ -112,7 +145,12 @@ def evaluate(sampler, tokenizer, examples, config, seed=0):
   batch = config.eval.batch_size
   steps = config.eval.max_generation_steps
   answers = [e['answer'] for e in examples]
-  greedy = _generate_all(sampler, tokens, batch, steps, seed)
+  rows = None
+  if isinstance(sampler, episodes_lib.EpisodeRollout):
+    rows = [{k: e[k] for k in ('question', 'answer') if k in e}
+            for e in examples]
+  greedy, episodes = _generate_all(sampler, tokens, batch, steps, seed,
+                                   examples=rows)
   metrics = {
       **with_stderr(
           'accuracy', [is_correct(c, a) for c, a in zip(greedy, answers)]
@@ -124,9 +162,9 @@ def evaluate(sampler, tokenizer, examples, config, seed=0):
   k = config.eval.pass_at_k
   if k > 0:
     gen = config.generation
-    sampled = _generate_all(
+    sampled, _ = _generate_all(
         sampler, tokens, max(1, batch // k), steps, seed + 1,
-        num_generations=k,
+        num_generations=k, examples=rows,
         temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p,
     )
     hits = np.array(
@@ -135,4 +173,9 @@ def evaluate(sampler, tokenizer, examples, config, seed=0):
     metrics.update(with_stderr('pass_at_k', hits.any(axis=1)))
   logging.info('Eval on %d questions: %s', len(examples),
                format_scores(metrics))
-  return metrics, greedy
+  if episodes is None:
+    return metrics, greedy, None
+  metrics.update(tool_scores(episodes))
+  logging.info('Tool use: %s', ', '.join(
+      f'{k} {v:.3f}' for k, v in tool_scores(episodes).items()))
+  return metrics, greedy, [e.transcript for e in episodes]

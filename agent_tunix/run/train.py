@@ -44,6 +44,7 @@ from agent_tunix.config import validation
 from agent_tunix.data import pipeline
 from agent_tunix.observe import metrics as metrics_lib
 from agent_tunix.rl import dynamic_sampling
+from agent_tunix.rl import episodes
 from agent_tunix.rl import evaluation
 from agent_tunix.rl import grpo
 from agent_tunix.rl import objectives
@@ -115,6 +116,8 @@ def setup(config, workdir, with_data=True):
       stop_sequences=rollout.stop_sequences_from_config(config),
       decode_chunk_steps=config.generation.decode_chunk_steps,
   )
+  if config.agent.tools:  # Multi-turn episodes with tools.
+    sampler = episodes.from_config(config, sampler)
   tx, schedule = optimizer_lib.optimizer_from_config(config)
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.LoRAParam)
   sharding.place_optimizer(optimizer, mesh)
@@ -156,27 +159,25 @@ def rollout_batch(session, batch, step):
   """
   config = session.config
   g = config.grpo.num_generations
-  gen = config.generation
   rows = rollout.repeat_groups(batch, g)
-  prompt_tokens = sharding.gather_rows(batch['prompt_tokens'])
-  out = session.sampler.generate(
-      prompt_tokens, gen.max_generation_steps,
-      step_seed(config.training.seed, step), gen.temperature, gen.top_k,
-      gen.top_p, rows=sharding.own_rows(len(prompt_tokens), g),
-      num_generations=g,
-  )
+  prompt_tokens, out = _generate(
+      session, batch, step_seed(config.training.seed, step), own=True)
   prompts = list(rows['prompt'])
   total, per_fn = _score(session, rows, out)
+  out = _mask_cut_episodes(session, out)
   advantages = np.asarray(
       objectives.group_advantages(total, g, config.grpo.scale_rewards)
   )
   scalars, gen_tokens = _rollout_scalars(
       total, per_fn, out.lengths, out.truncated, g
   )
+  if out.episodes is not None:
+    scalars.update(episodes.scalars(sharding.allgather_concat(
+        episodes.row_stats(out.episodes))))
   update = {
       'tokens': np.concatenate([rows['prompt_tokens'], out.tokens], axis=1),
       'input_mask': np.concatenate(
-          [rows['prompt_mask'], out.mask > 0], axis=1
+          [rows['prompt_mask'], out.attended > 0], axis=1
       ),
       'completion_mask': out.mask,
       'advantages': advantages.astype(np.float32),
@@ -184,20 +185,75 @@ def rollout_batch(session, batch, step):
       'sampler_logps': out.logps,
   }
   grpo.set_optional_inputs(update, config, total, session.kl_coeff)
-  samples = (prompts, out.texts, total)
+  samples = (prompts, _sample_texts(out), total)
   return update, scalars, samples, gen_tokens
 
 
+def _generate(session, batch, seed, own):
+  """(Every process's prompt tokens, their completions): this process's
+  rows when `own`, else all. With tools, every row's episode starts from
+  its example (question and answer)."""
+  config = session.config
+  gen = config.generation
+  g = config.grpo.num_generations
+  prompt_tokens = sharding.gather_rows(batch['prompt_tokens'])
+  extra = {}
+  if isinstance(session.sampler, episodes.EpisodeRollout):
+    extra['examples'] = [
+        {'question': q, 'answer': a} for q, a in zip(
+            sharding.gather_texts([str(q) for q in batch['question']]),
+            sharding.gather_texts([str(a) for a in batch['answer']]))]
+  out = session.sampler.generate(
+      prompt_tokens, gen.max_generation_steps, seed, gen.temperature,
+      gen.top_k, gen.top_p,
+      rows=sharding.own_rows(len(prompt_tokens), g) if own else None,
+      num_generations=g, **extra,
+  )
+  return prompt_tokens, out
+
+
 def _score(session, rows, out):
-  """(total, per_fn) rewards of completions `out` of prompt rows `rows`."""
-  return session.reward_set(
+  """(total, per_fn) rewards of completions `out` of prompt rows `rows`.
+
+  With tools, reward functions also get each episode's `transcript` and
+  `tool_calls` ({name, arguments, result, error} per call), and
+  agent.tool_use_bonus is added (logged as reward/tool_use_bonus).
+  """
+  fields = {}
+  if out.episodes is not None:
+    fields['transcript'] = [e.transcript for e in out.episodes]
+    fields['tool_calls'] = [e.tool_calls for e in out.episodes]
+  total, per_fn = session.reward_set(
       list(rows['prompt']), out.texts, answer=list(rows['answer']),
       question=list(rows['question']),
       completion_lengths=out.lengths.tolist(),
       completion_tokens=[
-          row[:n].tolist() for row, n in zip(out.tokens, out.lengths)
+          row[m > 0].tolist() for row, m in zip(out.tokens, out.mask)
       ],
+      **fields,
   )
+  bonus = session.config.agent.tool_use_bonus
+  if out.episodes is not None and bonus > 0:
+    per_fn['tool_use_bonus'] = episodes.tool_use_bonus(out.episodes, bonus)
+    total = np.asarray(total, np.float32) + per_fn['tool_use_bonus']
+  return total, per_fn
+
+
+def _mask_cut_episodes(session, out):
+  """`out` with no loss on episodes a limit ended, when
+  agent.cut_episodes='mask' (after scoring: their rewards still count)."""
+  if out.episodes is None or session.config.agent.cut_episodes != 'mask':
+    return out
+  return dataclasses.replace(
+      out, mask=np.where(out.truncated[:, None], 0.0, out.mask).astype(
+          np.float32))
+
+
+def _sample_texts(out):
+  """What TensorBoard shows of each row: the transcript with tools."""
+  if out.episodes is None:
+    return out.texts
+  return [e.transcript for e in out.episodes]
 
 
 def _rollout_scalars(total, per_fn, lengths, truncated, g):
@@ -230,10 +286,12 @@ def _scalars_of_rows(rows, g):
 
 def _take(out, rows):
   """The completions of `rows` (indices) of `out`."""
+  pick = lambda x: None if x is None else x[rows]
   return rollout.Completions(
       out.tokens[rows], out.mask[rows], out.lengths[rows],
-      out.truncated[rows], [out.texts[i] for i in rows],
-      None if out.logps is None else out.logps[rows])
+      out.truncated[rows], [out.texts[i] for i in rows], pick(out.logps),
+      pick(out.input_mask),
+      None if out.episodes is None else [out.episodes[i] for i in rows])
 
 
 def sample_round(session, batch, step, sampling_round):
@@ -254,17 +312,14 @@ def sample_round(session, batch, step, sampling_round):
   """
   config = session.config
   g = config.grpo.num_generations
-  gen = config.generation
-  prompt_tokens = sharding.gather_rows(batch['prompt_tokens'])
   prompt_mask = sharding.gather_rows(batch['prompt_mask'])
-  out = session.sampler.generate(
-      prompt_tokens, gen.max_generation_steps,
-      step_seed(config.training.seed, step, sampling_round),
-      gen.temperature, gen.top_k, gen.top_p, rows=None, num_generations=g,
-  )
+  prompt_tokens, out = _generate(
+      session, batch, step_seed(config.training.seed, step, sampling_round),
+      own=False)
   own = _take(out, sharding.own_rows(len(prompt_tokens), g))
   rows = rollout.repeat_groups(batch, g)
   total, per_fn = _score(session, rows, own)
+  out = _mask_cut_episodes(session, out)
   names = list(per_fn)
   local = np.stack([total] + [per_fn[k] for k in names], axis=-1)
   every = sharding.gather_rows(
@@ -275,7 +330,7 @@ def sample_round(session, batch, step, sampling_round):
       completions=out,
       group_rewards=every[..., 0],
       per_fn={k: every[..., i + 1].reshape(-1) for i, k in enumerate(names)},
-      samples=(list(rows['prompt']), own.texts, total),
+      samples=(list(rows['prompt']), _sample_texts(own), total),
   )
 
 
@@ -309,6 +364,11 @@ def rollout_dynamic(session, batch, step):
           [r.completions.truncated for r in rounds]).astype(np.float32),
   }, g)
   scalars.update(dynamic_sampling.step_scalars(selection, batch_size))
+  if rounds[0].completions.episodes is not None:
+    scalars.update(episodes.scalars({
+        k: np.concatenate([r[k] for r in (
+            episodes.row_stats(rd.completions.episodes) for rd in rounds)])
+        for k in episodes.row_stats(rounds[0].completions.episodes)}))
   samples = tuple(
       [x for r in rounds for x in r.samples[i]] for i in range(3))
   return update, scalars, samples, gen_tokens
@@ -323,7 +383,12 @@ def update_policy(session, update):
   of the tokens that exist.
   """
   config = session.config
-  lengths = update['completion_mask'].sum(axis=1).astype(np.int64)
+  # Completion columns up to each row's last real token (with tools, the
+  # inserts between turns are read though not trained on).
+  width = update['completion_mask'].shape[1]
+  attended = update['input_mask'][:, -width:]
+  lengths = np.where(attended.any(axis=1),
+                     width - np.argmax(attended[:, ::-1], axis=1), 0)
   longest = int(sharding.allgather_concat(
       np.array([lengths.max(initial=0)])).max())
   bucket = grpo.completion_bucket(longest, update['completion_mask'].shape[1])
@@ -383,7 +448,7 @@ def restore_lora(session, workdir, step=None):
 
 
 def run_eval(session, writer, step):
-  scores, texts = evaluation.evaluate(
+  scores, texts, transcripts = evaluation.evaluate(
       session.sampler, session.tokenizer, session.eval_set, session.config,
       seed=step_seed(session.config.training.seed + 1, step),
   )
@@ -393,7 +458,8 @@ def run_eval(session, writer, step):
   writer.write_scalars(step, scalars)
   if texts and jax.process_index() == 0:
     metrics_lib.write_samples(
-        writer, step, [e['prompt'] for e in session.eval_set], texts,
+        writer, step, [e['prompt'] for e in session.eval_set],
+        transcripts or texts,
         [float(evaluation.is_correct(t, e['answer']))
          for t, e in zip(texts, session.eval_set)],
         session.config.logging.num_sample_texts,
@@ -423,6 +489,8 @@ def run(session):
   # in the background and the queued metrics are finished before this
   # returns or raises.
   with ckpt, contextlib.ExitStack() as closing:
+    if isinstance(session.sampler, episodes.EpisodeRollout):
+      closing.callback(session.sampler.close)
     return _train(session, ckpt, closing)
 
 

@@ -225,6 +225,20 @@ def gather_rows(local):
                                         *local.shape[1:])
 
 
+def gather_texts(local):
+  """`gather_rows` for a list of strings (this process's rows)."""
+  if jax.process_count() == 1:
+    return list(local)
+  encoded = [text.encode('utf-8') for text in local]
+  lengths = np.array([len(b) for b in encoded], np.int64)
+  width = int(allgather_concat(np.array([lengths.max(initial=0)])).max())
+  data = np.zeros((len(encoded), max(width, 1)), np.uint8)
+  for i, b in enumerate(encoded):
+    data[i, :len(b)] = np.frombuffer(b, np.uint8)
+  data, lengths = gather_rows(data), gather_rows(lengths)
+  return [bytes(row[:n]).decode('utf-8') for row, n in zip(data, lengths)]
+
+
 def own_rows(num_rows, group=1):
   """Indices of this process's rows in a `gather_rows` batch.
 

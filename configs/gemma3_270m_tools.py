@@ -1,0 +1,36 @@
+"""Gemma 3 270M (pretrained) learning to use a calculator, on CPU.
+
+The default preset (configs/gemma3_270m.py) with tools: every problem is a
+multi-turn episode in which the model may call `calculator` (Gemma 3's
+Python-style call list; the result comes back as a <tool_response> turn)
+before it answers. The problems need arithmetic a 270M model gets wrong in
+its head (data.difficulty=4: two or three operations on 2- to 4-digit
+numbers). The prompt shows two worked episodes, each one call and the
+answer.
+
+  python -m agent_tunix.main --config=configs/gemma3_270m_tools.py --workdir=/tmp/tools
+
+Base model with and without tools, on the same held-out problems:
+
+  python -m agent_tunix.evaluate --config=configs/gemma3_270m_tools.py --allow_base
+  python -m agent_tunix.evaluate --config=configs/gemma3_270m_tools.py --allow_base --config.agent.tools=
+"""
+
+from configs import base
+from configs import gemma3_270m
+
+
+def get_config(arg=None):
+  config = gemma3_270m.get_config()
+  config.agent.tools = 'calculator'
+  # Two or three operations on 2- to 4-digit numbers.
+  config.data.difficulty = 4
+  # The tool instructions and two worked episodes: 449-480 tokens.
+  config.generation.max_prompt_length = 512
+  # A call turn (~25 tokens), its result (~15) and the answer (~45).
+  config.generation.max_generation_steps = 128
+  config.eval.max_generation_steps = 128
+  config.agent.max_turn_tokens = 96
+  config.agent.max_tool_output_tokens = 32
+  config.generation.kv_cache_size = 640
+  return base.apply_arg(config, arg)
