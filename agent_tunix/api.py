@@ -25,6 +25,7 @@ import numpy as np
 from agent_tunix import export as export_lib
 from agent_tunix.data import pipeline
 from agent_tunix.data import prompts
+from agent_tunix.rl import episodes
 from agent_tunix.rl import evaluation
 from agent_tunix.run import lock as run_lock
 from agent_tunix.run import train as train_lib
@@ -119,7 +120,9 @@ def ask(session, question, max_new_tokens=None):
     max_new_tokens: completion length; default eval.max_generation_steps.
 
   Returns:
-    The completion text (up to, without, the end token).
+    The completion text (up to, without, the end token); with tools
+    (agent.tools), the episode's transcript (`episodes.format_transcript`:
+    a 'model:' line per turn, a 'tool:' line per reply).
 
   Raises:
     ValueError: the formatted prompt is longer than
@@ -148,5 +151,7 @@ def ask(session, question, max_new_tokens=None):
   # evaluation is reused.
   rows = np.repeat(encoded[0][None], config.eval.batch_size, axis=0)
   out = session.sampler.generate(rows, steps, seed=0)
+  if out.episodes is not None:  # Tools: the whole episode, turn by turn.
+    return episodes.format_transcript(out.episodes[0])
   return out.texts[0]
 

@@ -22,6 +22,12 @@ chat turns (-it presets, data.template=chat), and passes --prompt and other
 lines as given; 'train' always formats with the run's template (the few-shot
 prompt for pretrained presets); 'raw' never does. Sampling is greedy at
 --temperature=0 (the default).
+
+With tools (`--config.agent.tools`, e.g. configs/gemma3_270m_tools.py) every
+input is an episode: 'auto' formats it with the tool prompt, the model may
+call tools, and the answer is the transcript, one line per turn:
+'model: ...' for the model's turns and 'tool: name(args) -> result' for the
+results it got (--max_new_tokens bounds the whole episode).
 """
 
 import sys
@@ -36,6 +42,7 @@ from agent_tunix import export
 from agent_tunix.config import validation
 from agent_tunix.data import prompts
 from agent_tunix.models import tokenizer as tokenizer_lib
+from agent_tunix.rl import episodes
 from agent_tunix.rl import rollout
 
 TEMPLATES = ('auto', 'train', 'raw')
@@ -81,14 +88,19 @@ class Generator:
   compiles once per bucket.
   """
 
-  def __init__(self, model, tokenizer):
+  def __init__(self, model, tokenizer, config=None):
+    """`config` with agent.tools (or agent.environment) set makes every
+    prompt an episode."""
     self.model = model
     self.tokenizer = tokenizer
+    self.config = (config if config is not None and episodes.enabled(config)
+                   else None)
     self._samplers = {}
 
   def __call__(self, prompt, max_new_tokens, temperature=0.0, top_k=0,
                top_p=1.0, seed=0):
-    """Returns (continuation text, its token ids) for one prompt."""
+    """Returns (continuation text, its token ids) for one prompt; with
+    tools, (the episode's transcript, the ids the model and tools wrote)."""
     ids = tokenizer_lib.encode_with_bos(self.tokenizer, prompt)
     bucket = max(16, 1 << (len(ids) - 1).bit_length())
     tokens = [[0] * (bucket - len(ids)) + ids]
@@ -97,9 +109,15 @@ class Generator:
       self._samplers[key] = rollout.Rollout(
           self.model, self.tokenizer, bucket + max_new_tokens
       )
+      if self.config is not None:
+        self._samplers[key] = episodes.from_config(self.config,
+                                                   self._samplers[key])
     out = self._samplers[key].generate(
         tokens, max_new_tokens, seed, temperature, top_k, top_p
     )
+    if out.episodes is not None:
+      return (episodes.format_transcript(out.episodes[0]),
+              out.tokens[0][out.attended[0] > 0])
     return out.texts[0], out.tokens[0, :out.lengths[0]]
 
 
@@ -114,7 +132,7 @@ def model_input(text, config, template, interactive):
   """The model input for one line of user text under `template`."""
   if template == 'raw':
     return text
-  if template == 'train' or (
+  if template == 'train' or config.agent.tools or (
       interactive and prompts.resolve_template(config) == 'chat'
   ):
     return prompts.format_prompt(text, config)
@@ -164,7 +182,7 @@ def main(argv):
     raise SystemExit(f'generate: {e}') from e
   if step is not None:
     logging.info('Generating with the LoRA of step %d', step)
-  generator = Generator(model, tokenizer)
+  generator = Generator(model, tokenizer, config)
 
   def continuation(text):
     answer, ids = generator(text, _MAX_NEW_TOKENS.value, _TEMPERATURE.value,

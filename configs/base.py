@@ -240,6 +240,12 @@ def get_config(arg=None):
   # generation.max_generation_steps bounds an episode's tokens (model turns
   # and inserts together).
   config.agent.tools = ''
+  # Another multi-turn task in the same loop (a game, a checker that gives
+  # feedback): 'package.module:name' of a callable that takes no arguments
+  # and returns an agent_tunix.agent.environment.Environment, one per
+  # episode; '' = none. Not with agent.tools (which builds the tool
+  # environment); the prompts are data.template's.
+  config.agent.environment = ''
   # How calls and results are written: 'gemma3' (a Python-style call list
   # ending the model turn, results come back as a user turn in
   # <tool_response>) or 'functiongemma' (FunctionGemma's tool tokens; the

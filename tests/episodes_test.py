@@ -2,7 +2,6 @@
 insert an environment's text as forced tokens and resume in the same KV
 cache (tiny random Gemma 3, CPU)."""
 
-import dataclasses
 import os
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 
 from agent_tunix import models
+from agent_tunix.agent import environment
 from agent_tunix.data import pipeline
 from agent_tunix.rl import episodes
 from agent_tunix.rl import logprobs
@@ -24,11 +24,7 @@ _STEPS = 40
 PAD = pipeline.PAD_ID
 
 
-@dataclasses.dataclass
-class _Reply:
-  text: str | None
-  done: bool
-  finish: str | None = None
+_Reply = environment.Reply
 
 
 class _Scripted:
@@ -231,3 +227,31 @@ def test_pause_tokens_end_turns_the_environment_calls_complete(
   model_tokens = out.mask > 0
   np.testing.assert_allclose(out.logps[model_tokens], want[model_tokens],
                              atol=2e-4)
+
+
+def test_format_transcript_one_line_per_turn_and_reply():
+  episode = episodes.Episode(
+      transcript='', final_text='<answer>1364</answer>', tool_calls=[],
+      finish='answer', segments=[
+          ('model', '[calculator(expression="44 * 31")]'),
+          ('tool', "calculator(expression='44 * 31') -> 1364"),
+          ('model', '<answer>1364</answer>')])
+  assert episodes.format_transcript(episode).splitlines() == [
+      'model: [calculator(expression="44 * 31")]',
+      "tool:  calculator(expression='44 * 31') -> 1364",
+      'model: <answer>1364</answer>',
+  ]
+
+
+def test_generate_with_tools_prints_the_transcript(tiny_model):
+  from agent_tunix import generate  # pylint: disable=g-import-not-at-top
+  model, tokenizer = tiny_model
+  config = tiny.get_config()
+  config.agent.tools = 'calculator'
+  text, ids = generate.Generator(model, tokenizer, config)(
+      'What is 2 + 3?', max_new_tokens=8)
+  # The random model never calls: one model turn, cut at 8 tokens.
+  assert text.startswith('model: ') and '\n' not in text
+  assert len(ids) == 8
+  plain, _ = generate.Generator(model, tokenizer)('What is 2 + 3?', 8)
+  assert text == 'model: ' + plain

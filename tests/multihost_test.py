@@ -18,6 +18,11 @@ the groups chosen from all of them are split over the processes as one
 process would order them; the checks below then also cover that the two
 processes took the same decisions as the single one.
 
+The same runs are repeated with multi-turn episodes
+(`episode_fixtures:ScriptedEnvironment`: every row pauses, gets text
+inserted twice and resumes in its KV cache), so the two processes must
+also insert the same tokens and produce the single process's episodes.
+
 All three processes start together and are killed if any fails or the
 deadline passes.
 """
@@ -54,6 +59,16 @@ _OVERRIDES = (
     '--config.grpo.dynamic_sampling=true',
     '--config.grpo.max_sampling_rounds=3',
 )
+
+
+# Extra overrides per variant of the runs.
+_VARIANTS = {
+    'single_turn': (),
+    'episodes': (
+        '--config.agent.environment=episode_fixtures:ScriptedEnvironment',
+        '--config.generation.max_generation_steps=24',
+    ),
+}
 
 
 def _start(name, root, devices, extra):
@@ -97,12 +112,13 @@ def _wait_all(jobs, deadline):
     time.sleep(0.5)
 
 
-@pytest.fixture(scope='module')
-def runs(tmp_path_factory):
+@pytest.fixture(scope='module', params=sorted(_VARIANTS))
+def runs(tmp_path_factory, request):
   """Runs the 2-process job and the 1-process reference side by side."""
-  root = tmp_path_factory.mktemp('multihost')
+  root = tmp_path_factory.mktemp(f'multihost_{request.param}')
   port = portpicker.pick_unused_port()
-  multi = [
+  variant = list(_VARIANTS[request.param])
+  multi = variant + [
       '--multihost', f'--coordinator_address=127.0.0.1:{port}',
       '--num_processes=2', f'--workdir={root / "multi"}',
   ]
@@ -111,7 +127,8 @@ def runs(tmp_path_factory):
     for i in range(2):
       jobs.append(_start(f'process_{i}', root, 2,
                          multi + [f'--process_id={i}']))
-    jobs.append(_start('reference', root, 4, [f'--workdir={root / "one"}']))
+    jobs.append(_start('reference', root, 4,
+                       variant + [f'--workdir={root / "one"}']))
     _wait_all(jobs, time.monotonic() + _TIMEOUT_S)
   finally:
     for _, proc, _ in jobs:
@@ -154,6 +171,9 @@ def test_two_processes_train_like_one(runs):
   assert one['kl'][_NUM_STEPS] > 0
   # Dynamic sampling drew further prompts (compared above like every tag).
   assert sum(one['dynamic_sampling/extra_prompts'].values()) > 0
+  if 'agent/turns_mean' in one:  # Episodes: rows paused and got inserts.
+    assert max(one['agent/tool_tokens_mean'].values()) > 0
+    assert max(one['agent/turns_mean'].values()) > 1
 
 
 def test_only_process_zero_writes_metrics_and_samples(runs):

@@ -28,6 +28,10 @@ if the checkpointed iterator position covers the extra draws and the extra
 rounds' seeds depend only on (seed, step, round). Everything else a step
 does is the same code with or without dynamic sampling (the update, the
 checkpoint, the first round's sampling seed).
+
+A second pair of runs (A and B only) samples multi-turn episodes
+(`episode_fixtures:ScriptedEnvironment`): their resume must be exact too,
+transcripts included.
 """
 
 import os
@@ -60,7 +64,15 @@ _TIMING_TAGS = frozenset(
      'uptime'})
 
 
-def _command(workdir):
+# Multi-turn episodes (`episode_fixtures:ScriptedEnvironment`: rows pause,
+# get text inserted and resume in their KV cache), for the episode variant.
+_EPISODES = (
+    '--config.agent.environment=episode_fixtures:ScriptedEnvironment',
+    '--config.generation.max_generation_steps=24',
+)
+
+
+def _command(workdir, extra=()):
   return [
       sys.executable, '-m', 'agent_tunix.main',
       '--config=configs/tiny.py',
@@ -80,10 +92,11 @@ def _command(workdir):
       # length_limit alarm fires from step 3 on: a resume must carry its
       # window over the kill (alarm state in the checkpoint).
       '--config.alarms.clipped_steps=3',
+      *extra,
   ]
 
 
-def _start(workdir, log_path, cache_dir):
+def _start(workdir, log_path, cache_dir, extra=()):
   env = dict(os.environ)
   env['PYTHONPATH'] = os.pathsep.join(
       [str(_REPO), str(_TESTS)] +
@@ -92,7 +105,7 @@ def _start(workdir, log_path, cache_dir):
   env['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
   with open(log_path, 'wb') as log:
     return subprocess.Popen(
-        _command(workdir), cwd=_REPO, env=env, stdout=log,
+        _command(workdir, extra), cwd=_REPO, env=env, stdout=log,
         stderr=subprocess.STDOUT)
 
 
@@ -339,3 +352,49 @@ def test_damaged_checkpoint_is_set_aside_and_the_rerun_saved(runs):
       timeout=_TIMEOUT_S, check=False)
   assert out.returncode == 0, out.stderr[-3000:]
   assert json.loads(out.stdout.strip().splitlines()[-1])['step'] == _NUM_STEPS
+
+
+@pytest.fixture(scope='module')
+def episode_runs(tmp_path_factory):
+  """(A, B): uninterrupted and killed-then-resumed runs with episodes."""
+  root = tmp_path_factory.mktemp('resume_episodes')
+  a, b = root / 'A', root / 'B'
+  logs = {name: root / f'{name}.log' for name in ('A', 'B1', 'B2')}
+  cache = root / 'jax_cache'
+  procs = []
+  try:
+    deadline = time.monotonic() + _TIMEOUT_S
+    proc_a = _start(a, logs['A'], cache, _EPISODES)
+    procs.append(proc_a)
+    proc_b = _start(b, logs['B1'], cache, _EPISODES)
+    procs.append(proc_b)
+    steps = _kill_after_checkpoint(proc_b, b, logs['B1'], _KILL_AFTER,
+                                   deadline)
+    killed_files = _event_files(b)
+    _wait(proc_a, logs['A'], deadline)
+    proc_b2 = _start(b, logs['B2'], cache, _EPISODES)
+    procs.append(proc_b2)
+    _wait(proc_b2, logs['B2'], time.monotonic() + _TIMEOUT_S)
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+  return a, b, max(steps), killed_files
+
+
+def test_resumed_episode_run_repeats_the_uninterrupted_run_exactly(
+    episode_runs):
+  a_dir, b_dir, resumed_from, killed_files = episode_runs
+  a = read_events(_event_files(a_dir))
+  b_resumed = read_events(
+      [f for f in _event_files(b_dir) if f not in killed_files])
+  after_kill = list(range(resumed_from + 1, _NUM_STEPS + 1))
+  assert sorted(b_resumed['loss']) == after_kill
+  compared = _assert_same_scalars(a, b_resumed, after_kill, 'resumed B')
+  # Episodes happened (rows got inserts) and their metrics were compared.
+  assert {'agent/turns_mean', 'agent/tool_tokens_mean'} <= compared
+  assert max(v[0].item() for v in a['agent/tool_tokens_mean'].values()) > 0
+  for step in after_kill:  # The transcripts, too.
+    assert b_resumed['samples'][step][0] == a['samples'][step][0], step
+

@@ -416,3 +416,35 @@ def make_environment_factory(tools: str | Sequence[tools_lib.Tool],
     **limits: Keyword settings of `EnvironmentFactory`.
   """
   return EnvironmentFactory(tools, tool_format, **limits)
+
+
+ENVIRONMENT_FIELD = 'agent.environment'
+
+
+def resolve_factory(spec: str) -> Callable[[], Environment]:
+  """The environment factory named by `agent.environment`.
+
+  Args:
+    spec: 'package.module:name' of a callable that takes no arguments and
+      returns a fresh `Environment` (a class, or a function).
+
+  Returns:
+    That callable, after one call checked that it makes an `Environment`.
+
+  Raises:
+    tools.ToolConfigError: naming the entry and the fix.
+  """
+  factory = tools_lib.import_callable(spec.strip(), ENVIRONMENT_FIELD,
+                                      tools_lib.ToolConfigError)
+  try:
+    made = factory()
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    raise tools_lib.ToolConfigError(
+        f'{ENVIRONMENT_FIELD}: {spec!r}() raised {type(e).__name__}: {e}; it '
+        'must take no arguments and return an Environment.') from None
+  if not isinstance(made, Environment):
+    raise tools_lib.ToolConfigError(
+        f'{ENVIRONMENT_FIELD}: {spec!r}() returned a {type(made).__name__}, '
+        'not an agent_tunix.agent.environment.Environment subclass.')
+  return factory
+

@@ -258,6 +258,38 @@ def resolve(spec: str) -> tuple[Tool, ...]:
   return tuple(tools)
 
 
+def import_callable(entry: str, field: str, error: type[Exception]):
+  """The callable named 'package.module:name' by config field `field`.
+
+  Raises:
+    error: with one message naming the entry and the fix, for a malformed
+      entry, a module that does not import, a missing attribute or one that
+      is not callable.
+  """
+  module_name, _, attr = entry.partition(':')
+  if not (all(p.isidentifier() for p in module_name.split('.'))
+          and attr.isidentifier()):
+    raise error(
+        f'{field}: {entry!r} is not of the form "package.module:function".')
+  try:
+    module = importlib.import_module(module_name)
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    raise error(
+        f'{field}: cannot import {module_name!r} for {entry!r} '
+        f'({type(e).__name__}: {e}). Check the module path, or that its '
+        'package is installed.') from None
+  if not hasattr(module, attr):
+    raise error(
+        f'{field}: module {module_name!r} has no attribute {attr!r} '
+        f'(from {entry!r}). Check the function name after the colon.')
+  fn = getattr(module, attr)
+  if not callable(fn):
+    raise error(
+        f'{field}: {entry!r} is a {type(fn).__name__}, not a '
+        'function. Name a function after the colon.')
+  return fn
+
+
 def _resolve_entry(entry: str) -> Tool:
   """The tool of one config entry."""
   if ':' not in entry:
@@ -267,28 +299,8 @@ def _resolve_entry(entry: str) -> Tool:
         f'{CONFIG_FIELD}: unknown tool {entry!r}. Built-in tools: '
         f'{", ".join(sorted(BUILTINS))}; for your own function write '
         '"package.module:function".')
-  module_name, _, attr = entry.partition(':')
-  if not (all(p.isidentifier() for p in module_name.split('.'))
-          and attr.isidentifier()):
-    raise ToolConfigError(
-        f'{CONFIG_FIELD}: {entry!r} is not of the form '
-        '"package.module:function".')
-  try:
-    module = importlib.import_module(module_name)
-  except Exception as e:  # pylint: disable=broad-exception-caught
-    raise ToolConfigError(
-        f'{CONFIG_FIELD}: cannot import {module_name!r} for {entry!r} '
-        f'({type(e).__name__}: {e}). Check the module path, or that its '
-        'package is installed.') from None
-  if not hasattr(module, attr):
-    raise ToolConfigError(
-        f'{CONFIG_FIELD}: module {module_name!r} has no attribute {attr!r} '
-        f'(from {entry!r}). Check the function name after the colon.')
-  fn = getattr(module, attr)
-  if not callable(fn):
-    raise ToolConfigError(
-        f'{CONFIG_FIELD}: {entry!r} is a {type(fn).__name__}, not a '
-        'function. Name a function after the colon.')
+  fn = import_callable(entry, CONFIG_FIELD, ToolConfigError)
+  attr = entry.partition(':')[2]
   try:
     return from_callable(fn, name=attr)
   except ToolConfigError as e:

@@ -10,6 +10,7 @@ import os
 import tempfile
 
 from agent_tunix import rewards
+from agent_tunix.agent import environment
 from agent_tunix.agent import formats
 from agent_tunix.agent import tools
 from agent_tunix.data import gsm8k
@@ -304,10 +305,18 @@ def _check_agent(config):
   """Tools that import and take typed arguments; limits that can be met."""
   agent = config.agent
   _check_choices(config, 'agent')
-  if not agent.tools:
+  if not (agent.tools or agent.environment):
     return
+  _require(
+      not (agent.tools and agent.environment),
+      f'config.agent.tools={agent.tools!r} and config.agent.environment='
+      f'{agent.environment!r}: set one (agent.tools builds the tool '
+      'environment).')
   try:
-    tools.resolve(agent.tools)
+    if agent.tools:
+      tools.resolve(agent.tools)
+    else:
+      environment.resolve_factory(agent.environment)
   except tools.ToolConfigError as e:
     raise ConfigError(f'config.{e}') from None
   for field, least in (('max_tool_calls', 1), ('max_calls_per_turn', 1),

@@ -49,6 +49,7 @@ import numpy as np
 from tunix.generate import utils as sampler_utils
 
 from agent_tunix.agent import environment
+from agent_tunix.agent import formats
 from agent_tunix.data import pipeline
 from agent_tunix.models import decode
 from agent_tunix.rl import rollout as rollout_lib
@@ -75,11 +76,35 @@ class Episode:
   model_tokens: int = 0  # Tokens the policy sampled (mask 1).
   insert_tokens: int = 0  # Tokens inserted (mask 0).
   stats: dict = dataclasses.field(default_factory=dict)  # Environment's.
+  # [(role, text)]: 'model' turns and the 'tool' (environment) replies
+  # between them, for people to read (`format_transcript`).
+  segments: list = dataclasses.field(default_factory=list)
 
   @property
   def cut(self):
     """Whether a limit ended the episode (not a final answer)."""
     return self.finish != FINISH_ANSWER
+
+
+def format_transcript(episode):
+  """An episode for people: one line per model turn and per reply, e.g.
+
+    model: [calculator(expression="44 * 31")]
+    tool:  calculator(expression='44 * 31') -> 1364
+    model: <reasoning>...</reasoning><answer>1364</answer>
+  """
+  return '\n'.join(f'{role + ":":6} {text}' for role, text in
+                   episode.segments)
+
+
+def _reply_text(reply):
+  """One line for an environment's reply: its calls and results, or its
+  text without turn markup."""
+  if reply.calls:
+    return '; '.join(
+        f'{c.name}({", ".join(f"{k}={v!r}" for k, v in c.arguments.items())})'
+        f' -> {c.text}' for c in reply.calls)
+  return ' '.join(formats.sanitize(reply.text)[0].split())
 
 
 def truncate_middle(ids, cap, marker_ids):
@@ -278,6 +303,7 @@ class EpisodeRollout:
     finish = [None] * n
     end_col = np.full((n,), total_steps - 1, np.int64)
     turns = [[] for _ in range(n)]  # Per row: [(start, end)] of model turns.
+    segments = [[] for _ in range(n)]  # Per row: [(role, text)].
     host_seconds, calls = 0.0, 0
     forced = self._put_rows(forced_np)
     forced_tokens = self._put_rows(forced_tokens_np)
@@ -315,9 +341,12 @@ class EpisodeRollout:
           finish[r] = FINISH_TURN_TOKENS
         turns[r].append((turn_start[r], end + 1))
         end_col[r] = end
+        text = self._turn_text(tokens[r, turn_start[r]:end + 1])
+        segments[r].append(('model', text))
         if finish[r] is None:
-          reply = envs[r].step(
-              self._turn_text(tokens[r, turn_start[r]:end + 1]))
+          reply = envs[r].step(text)
+          if not reply.done and reply.text is not None:
+            segments[r].append(('tool', _reply_text(reply)))
           if reply.done or reply.text is None:
             finish[r] = reply.finish or FINISH_ANSWER
           else:
@@ -370,7 +399,8 @@ class EpisodeRollout:
         [tokens[r] for r in chosen], [logps[r] for r in chosen],
         [forced_np[r] for r in chosen], [turns[r] for r in chosen],
         [end_col[r] for r in chosen], [finish[r] for r in chosen],
-        [envs[r] for r in chosen], num_prompt)
+        [envs[r] for r in chosen], [segments[r] for r in chosen],
+        num_prompt)
 
   def _turn_end(self, row, start, step, done):
     """How and where the turn that began at column `start` ended.
@@ -419,7 +449,7 @@ class EpisodeRollout:
           'on every process (no randomness, clocks or host state).')
 
   def _completions(self, tokens, logps, forced, turns, end_col, finish,
-                   envs, num_prompt):
+                   envs, segments, num_prompt):
     """`Completions` and `Episode`s of the chosen rows."""
     pad = pipeline.PAD_ID
     count = len(tokens)
@@ -451,6 +481,7 @@ class EpisodeRollout:
           model_tokens=int(model.sum()),
           insert_tokens=int(real.sum() - model.sum()),
           stats=dict(getattr(env, 'stats', {}) or {}),
+          segments=segments[i],
       ))
     lengths = mask.sum(axis=1).astype(np.int32)
     truncated = np.array([e.cut for e in episodes], bool)
@@ -473,14 +504,25 @@ class EpisodeRollout:
     return ''.join(parts)
 
 
+def enabled(config):
+  """Whether `config` samples multi-turn episodes (agent.tools or
+  agent.environment set)."""
+  return bool(config.agent.tools or config.agent.environment)
+
+
 def from_config(config, rollout):
-  """The `EpisodeRollout` of `config.agent` over a single-turn `rollout`.
+  """The `EpisodeRollout` of `config.agent` over a single-turn `rollout`:
+  agent.environment's factory, or tool environments for agent.tools.
 
   Raises:
     ValueError: when the tokenizer lacks a control token the tool format
       needs as one piece (FunctionGemma's tool tokens in a Gemma 3 vocab).
   """
   agent = config.agent
+  if agent.environment:
+    return EpisodeRollout(
+        rollout, environment.resolve_factory(agent.environment),
+        agent.max_turn_tokens, agent.max_tool_output_tokens)
   factory = environment.make_environment_factory(
       agent.tools, agent.format,
       tool_timeout_s=agent.tool_timeout_s,

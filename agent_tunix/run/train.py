@@ -116,7 +116,7 @@ def setup(config, workdir, with_data=True):
       stop_sequences=rollout.stop_sequences_from_config(config),
       decode_chunk_steps=config.generation.decode_chunk_steps,
   )
-  if config.agent.tools:  # Multi-turn episodes with tools.
+  if episodes.enabled(config):  # Multi-turn episodes (tools).
     sampler = episodes.from_config(config, sampler)
   tx, schedule = optimizer_lib.optimizer_from_config(config)
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.LoRAParam)
