@@ -14,7 +14,22 @@ batch, micro-batching, remat, LoRA and KV cache:
                    the model into the KV cache, then G rows per prompt
   rollout_decode   rollout.Rollout.decode_fn: the sampler's decode loop
                    (XLA's cost analysis counts the loop body once, so its
-                   flops and bytes are those of one decode step)
+                   flops and bytes are those of one decode step). With
+                   agent.tools or agent.environment (multi-turn episodes,
+                   `episodes.enabled`), the episode decode loop instead:
+                   episodes.EpisodeRollout.decode_fn of the EpisodeRollout
+                   `episodes.from_config` builds over that Rollout, as the
+                   trainer does, with its per-row inputs (forced tokens and
+                   flags [B, prompt + completion], turn starts [B], the
+                   per-turn cap); it exits at every turn end and is called
+                   again with the same shapes, so it is one program. The
+                   row keeps its name; its `function` (JSON and report)
+                   says which loop was compiled. The preflight reads no
+                   vocabulary, so no piece holds a pause text: the loop is
+                   compiled without its pause-token check (one comparison
+                   of each row's token against a constant list of ids per
+                   step; the tool environments' ']' and answer_end's '>'
+                   are in 7,356 of Gemma 3's pieces).
   reference_logps  grpo.logps_program (LoRA off), when grpo.beta > 0 or MaxEnt
   policy_logps     the same with LoRA on: the old-policy log-probs when
                    grpo.num_iterations > 1, and the finiteness check before
@@ -81,6 +96,7 @@ from agent_tunix import cli
 from agent_tunix.config import validation
 from agent_tunix.models import gemma
 from agent_tunix.models import lora
+from agent_tunix.rl import episodes
 from agent_tunix.rl import grpo
 from agent_tunix.rl import optimizer as optimizer_lib
 from agent_tunix.rl import rollout as rollout_lib
@@ -89,6 +105,9 @@ from agent_tunix.tpu import topology as tpu_topology
 
 PROGRAMS = ('rollout_prefill', 'rollout_decode', 'reference_logps',
             'policy_logps', 'update')
+# The `function` of the rollout_decode row with episodes (agent.tools or
+# agent.environment).
+EPISODE_DECODE = 'episodes.EpisodeRollout.decode_fn'
 
 
 # The TPU compiler's refusal of a program larger than the HBM.
@@ -131,6 +150,31 @@ class GemmaSpecialTokens:
     raise NotImplementedError('The preflight compiles programs; no text.')
 
 
+class EpisodeSpecialTokens(GemmaSpecialTokens):
+  """What `episodes.from_config` reads of a tokenizer, still without text.
+
+  The episode sampler looks up its format's control pieces, lists the
+  pieces that hold a pause text and tokenizes the marker it puts in cut
+  inserts. Only the special pieces are known here, so no id holds a pause
+  text (the compiled loop has no pause-token check), and the marker, used
+  on the host only, is empty.
+  """
+
+  def __init__(self, vocab_size):
+    self._size = int(vocab_size)
+    self._pieces = {i: p for p, i in self._PIECES.items()}
+
+  def get_piece_size(self):
+    return self._size
+
+  def id_to_piece(self, i):
+    return self._pieces.get(int(i), '')
+
+  def encode(self, text, **kwargs):
+    del text, kwargs
+    return []
+
+
 @dataclasses.dataclass
 class Program:
   """One compiled program's per-chip figures."""
@@ -154,6 +198,9 @@ class Program:
   # are its figures times this (the micro-batches of the log-prob passes
   # and the update).
   loop_trips: int = 1
+  # The trainer's function compiled, e.g. 'rollout.Rollout.decode_fn' or,
+  # with episodes, 'episodes.EpisodeRollout.decode_fn'.
+  function: str = ''
 
   @property
   def total_bytes(self):
@@ -311,8 +358,8 @@ class _Compiler:
     programs: the `Program`s so far.
     skipped: names of programs not compiled (after a misfit).
     listener: called as each thing happens: ('start', name, calls_per_step,
-      argument bytes, resident bytes) as a compile starts, ('program',
-      Program) as one is done, ('skipped', name).
+      argument bytes, resident bytes, function) as a compile starts,
+      ('program', Program) as one is done, ('skipped', name).
   """
 
   def __init__(self, usable, keep_going=False, listener=None):
@@ -336,7 +383,7 @@ class _Compiler:
         p.error or p.total_bytes > self.usable for p in self.programs)
 
   def __call__(self, name, fn, args, kwargs, calls_per_step, resident_bytes,
-               loop_trips=1):
+               loop_trips=1, function=''):
     """Compiles `fn(*args, **kwargs)`; returns its sharded outputs or None.
 
     Args:
@@ -348,6 +395,7 @@ class _Compiler:
       resident_bytes: per-device bytes of live state outside its arguments.
       loop_trips: trips of the loop that holds nearly all of the program's
         work (the micro-batches); XLA's cost counts its body once.
+      function: the trainer's function `fn` is, for the report.
 
     Returns:
       The outputs as ShapeDtypeStructs, or None when not compiled.
@@ -362,9 +410,10 @@ class _Compiler:
       self._add(_refused(
           name, calls_per_step, arg_bytes, resident_bytes, start,
           f'its arguments alone take {_gib(arg_bytes)} GiB per device',
-          arg_bytes))
+          arg_bytes, function))
       return None
-    self.listener('start', name, calls_per_step, arg_bytes, resident_bytes)
+    self.listener('start', name, calls_per_step, arg_bytes, resident_bytes,
+                  function)
     logging.info('Compiling %s ...', name)
     lowered = fn.lower(*args, **kwargs)
     try:
@@ -376,7 +425,7 @@ class _Compiler:
       self._add(_refused(
           name, calls_per_step, arg_bytes, resident_bytes, start,
           str(e).strip().splitlines()[0],
-          tpu_topology.parse_bytes(*match.groups())))
+          tpu_topology.parse_bytes(*match.groups()), function))
       return None
     seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
@@ -395,6 +444,7 @@ class _Compiler:
         bytes_accessed=float(cost.get('bytes accessed', 0.0)) * loop_trips,
         compile_s=seconds,
         loop_trips=loop_trips,
+        function=function,
     )
     logging.info('Compiled %s in %.1f s: %s GiB per device', name, seconds,
                  _gib(program.total_bytes))
@@ -410,15 +460,88 @@ class _Compiler:
 
 
 def _refused(name, calls_per_step, arg_bytes, resident_bytes, start, error,
-             required):
+             required, function=''):
   logging.info('%s does not fit: %s', name, error)
   return Program(
       name=name, calls_per_step=calls_per_step, argument_bytes=arg_bytes,
       output_bytes=0, alias_bytes=0, temp_bytes=0, code_bytes=0,
       resident_bytes=int(resident_bytes), flops=0.0, bytes_accessed=0.0,
       compile_s=time.perf_counter() - start, error=error,
-      required_bytes=required,
+      required_bytes=required, function=function,
   )
+
+
+def episode_decode_inputs(mesh, rows, total_steps):
+  """The episode decode loop's inputs after the state, abstract and placed.
+
+  `episodes.EpisodeRollout.generate` passes forced_tokens (int32) and
+  forced (bool) [rows, total_steps] and turn_start (int32 [rows]), placed
+  like the sampler's rows, and the per-turn cap (an int32 scalar, which
+  jit replicates).
+
+  Returns:
+    (forced_tokens, forced, turn_start, turn_cap) ShapeDtypeStructs.
+  """
+  def rows_of(shape, dtype):
+    return jax.ShapeDtypeStruct(
+        shape, dtype,
+        sharding=sharding.batch_sharding(mesh, len(shape), rows=rows))
+
+  return (rows_of((rows, total_steps), jnp.int32),
+          rows_of((rows, total_steps), jnp.bool_),
+          rows_of((rows,), jnp.int32),
+          jax.ShapeDtypeStruct((), jnp.int32,
+                               sharding=sharding.replicated(mesh)))
+
+
+def _compile_rollout(config, mesh, sampler, episode, compiler, programs,
+                     opt_bytes):
+  """Compiles the prefill and the decode loop (`episode`'s when not None)."""
+  g, gen = config.grpo, config.generation
+  prompts = config.training.batch_size
+  prompt_len = gen.max_prompt_length
+  total = prompt_len + gen.max_generation_steps
+  greedy = gen.temperature <= 0
+  template = sampler.state_template(
+      prompt_len, total, 0, temperature=float(gen.temperature),
+      top_p=None if greedy else float(gen.top_p),
+      top_k=None if greedy or not gen.top_k else int(gen.top_k),
+  )
+  prompt_sds = jax.ShapeDtypeStruct(
+      (prompts, prompt_len), jnp.int32,
+      sharding=sharding.batch_sharding(mesh, 2, rows=prompts),
+  )
+  key_sds = jax.ShapeDtypeStruct(
+      (2,), jnp.uint32, sharding=sharding.replicated(mesh)
+  )
+  init_lowered = sampler.init_arrays_fn.lower(
+      prompt_sds, key_sds, total_steps=total
+  )
+  arrays = _outputs(init_lowered, init_lowered.compile())
+  state = template.replace(**arrays)
+  state = compiler(
+      'rollout_prefill', sampler.prefill_fn, (sampler.params, state),
+      {'num_generations': g.num_generations}, 1, opt_bytes,
+      function='rollout.Rollout.prefill_fn',
+  )
+  if 'rollout_decode' not in programs:
+    return
+  if state is None:
+    compiler.skip('rollout_decode')
+  elif episode is None:
+    compiler(
+        'rollout_decode', sampler.decode_fn, (sampler.params, state), {},
+        gen.max_generation_steps, opt_bytes,
+        function='rollout.Rollout.decode_fn',
+    )
+  else:
+    # Every column, inserted or sampled, is one step of the loop.
+    inputs = episode_decode_inputs(mesh, prompts * g.num_generations, total)
+    compiler(
+        'rollout_decode', episode.decode_fn,
+        (sampler.params, state, *inputs), {}, gen.max_generation_steps,
+        opt_bytes, function=EPISODE_DECODE,
+    )
 
 
 def compile_programs(config, mesh, usable, programs=PROGRAMS,
@@ -444,8 +567,12 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
   micro_batches = config.training.batch_size // config.training.micro_batch_size
 
   if {'rollout_prefill', 'rollout_decode'} & set(programs):
+    multi_turn = episodes.enabled(config)
     sampler = rollout_lib.Rollout(
-        model, GemmaSpecialTokens(), gen.kv_cache_size,
+        model,
+        (EpisodeSpecialTokens(model.config.num_embed) if multi_turn
+         else GemmaSpecialTokens()),
+        gen.kv_cache_size,
         cpu_decode_graph=gen.cpu_decode_graph,
     )
     if sampler.cpu_decode_graph:
@@ -453,39 +580,15 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
           'The sampler took the CPU decode graph on a TPU mesh; the '
           'preflight would compile a program the TPU never runs.'
       )
-    prompts = config.training.batch_size
-    prompt_len = gen.max_prompt_length
-    total = prompt_len + gen.max_generation_steps
-    greedy = gen.temperature <= 0
-    template = sampler.state_template(
-        prompt_len, total, 0, temperature=float(gen.temperature),
-        top_p=None if greedy else float(gen.top_p),
-        top_k=None if greedy or not gen.top_k else int(gen.top_k),
-    )
-    prompt_sds = jax.ShapeDtypeStruct(
-        (prompts, prompt_len), jnp.int32,
-        sharding=sharding.batch_sharding(mesh, 2, rows=prompts),
-    )
-    key_sds = jax.ShapeDtypeStruct(
-        (2,), jnp.uint32, sharding=sharding.replicated(mesh)
-    )
-    init_lowered = sampler.init_arrays_fn.lower(
-        prompt_sds, key_sds, total_steps=total
-    )
-    arrays = _outputs(init_lowered, init_lowered.compile())
-    state = template.replace(**arrays)
-    state = compiler(
-        'rollout_prefill', sampler.prefill_fn, (sampler.params, state),
-        {'num_generations': g.num_generations}, 1, opt_bytes,
-    )
-    if 'rollout_decode' in programs:
-      if state is None:
-        compiler.skip('rollout_decode')
-      else:
-        compiler(
-            'rollout_decode', sampler.decode_fn, (sampler.params, state), {},
-            gen.max_generation_steps, opt_bytes,
-        )
+    # As the trainer builds it: its format's stop pieces join the end ids
+    # the prefill and both decode loops read.
+    episode = episodes.from_config(config, sampler) if multi_turn else None
+    try:
+      _compile_rollout(config, mesh, sampler, episode, compiler, programs,
+                       opt_bytes)
+    finally:
+      if episode is not None:
+        episode.close()
 
   batch = update_batch(config, mesh)
   logps_fn, model_state = grpo.logps_program(model)
@@ -493,17 +596,20 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
                                        'completion_mask')}
   if 'reference_logps' in programs and hp.needs_reference:
     compiler('reference_logps', logps_fn, (model_state, logps_batch),
-             {'hp': hp, 'use_lora': False}, 1, opt_bytes, micro_batches)
+             {'hp': hp, 'use_lora': False}, 1, opt_bytes, micro_batches,
+             function='grpo.logps_program')
   if 'policy_logps' in programs:
     # Once per step with num_iterations > 1; otherwise only before saves.
     every = config.checkpoint.save_interval_steps
     calls = 1 if g.num_iterations > 1 else (1 / every if every else 0)
     compiler('policy_logps', logps_fn, (model_state, logps_batch),
-             {'hp': hp, 'use_lora': True}, calls, opt_bytes, micro_batches)
+             {'hp': hp, 'use_lora': True}, calls, opt_bytes, micro_batches,
+             function='grpo.logps_program')
   if 'update' in programs:
     graphdefs, arrays = grpo.train_step_inputs(model, optimizer)
     compiler('update', grpo.TRAIN_STEP(graphdefs), (*arrays, batch),
-             {'hp': hp}, g.num_iterations, 0, micro_batches)
+             {'hp': hp}, g.num_iterations, 0, micro_batches,
+             function='grpo.TRAIN_STEP')
   results = [p for p in compiler.programs if p.name in programs]
   return results, compiler.skipped
 
@@ -618,14 +724,15 @@ def _compile_in_child(config, topology, usable, programs, keep_going):
           f'(SIGKILL) while {doing}, likely out of host memory, at '
           f'{_gib(peak)} GiB of host RAM (peak resident); run it on a '
           'machine with more RAM.')
-    (name, calls_per_step, arg_bytes, resident_bytes), start = started
+    (name, calls_per_step, arg_bytes, resident_bytes,
+     function), start = started
     logging.warning('%s: the compile child was killed by the kernel at %s '
                     'GiB of host RAM.', name, _gib(peak))
     killed = Killed(
         name=name, calls_per_step=calls_per_step, argument_bytes=arg_bytes,
         output_bytes=0, alias_bytes=0, temp_bytes=0, code_bytes=0,
         resident_bytes=int(resident_bytes), flops=0.0, bytes_accessed=0.0,
-        compile_s=time.perf_counter() - start,
+        compile_s=time.perf_counter() - start, function=function,
         error=(f'killed by the kernel (SIGKILL) while compiling, likely out '
                f'of host memory: the compiling process had reached '
                f'{_gib(peak)} GiB of host RAM (peak resident)'),
@@ -760,6 +867,10 @@ def report(config, spec, programs, usable, devices_per_chip=1,
           'max_prompt_length': config.generation.max_prompt_length,
           'max_generation_steps': config.generation.max_generation_steps,
           'kv_cache_size': config.generation.kv_cache_size,
+          # Either set: rollout_decode is the episode decode loop (its
+          # `function`).
+          'agent_tools': config.agent.tools,
+          'agent_environment': config.agent.environment,
       },
       'topology': {
           'name': spec.name,
@@ -828,6 +939,17 @@ def format_report(result):
       f"Step time lower bound: {result['step_time_bound_s']:.3f} s "
       '(a bound from flops and bytes, not a measurement)'
   )
+  for r in result['programs']:
+    if r.get('function') == EPISODE_DECODE:
+      agent = result['config']
+      source = (f"agent.environment={agent['agent_environment']!r}"
+                if agent.get('agent_environment')
+                else f"agent.tools={agent.get('agent_tools')!r}")
+      lines.append(
+          f"{r['name']} is the episode decode loop ({EPISODE_DECODE}, "
+          f'{source}): forced tokens and turn ends, one program for every '
+          'turn; compiled without its pause-token check (no vocabulary '
+          'read).')
   for r in result['programs']:
     if r.get('killed'):
       lines.append(f"KILLED: {r['name']} was {r['error']}. Fixes: "

@@ -93,6 +93,10 @@ def test_tiny_programs_compile_for_one_host():
     assert p['flops'] > 0 and p['bytes_accessed'] > 0, p
     assert p['fits'] and p['time_bound_s'] > 0
   assert programs['rollout_decode']['calls_per_step'] == 8
+  # No agent.tools: the single-turn sampler's loop.
+  assert programs['rollout_decode']['function'] == 'rollout.Rollout.decode_fn'
+  assert result['config']['agent_tools'] == ''
+  assert result['config']['agent_environment'] == ''
   # tiny saves every step: the check before each save runs once a step.
   assert programs['policy_logps']['calls_per_step'] == 1
   # The optimizer state lives through the rollout without being its input.
@@ -105,9 +109,86 @@ def test_tiny_programs_compile_for_one_host():
   json.dumps(result)  # The --output file.
   text = preflight.format_report(result)
   assert 'update' in text and 'FITS' in text
+  assert 'episode decode loop' not in text
   row = preflight.summary_table([result]).splitlines()[-1]
   assert row.startswith(f"| tiny | v5e:2x2 | 4 (1) | {result['largest_program']} |")
   assert '| yes |' in row
+
+
+def test_tools_compile_the_episode_decode_loop(monkeypatch):
+  # In this process: the decode program is the EpisodeRollout's own loop,
+  # built by episodes.from_config over the preflight's Rollout, with its
+  # forced-token buffers, turn starts and cap as inputs.
+  from agent_tunix.rl import episodes  # pylint: disable=g-import-not-at-top
+  config = _tiny(**{'agent.tools': 'calculator',
+                    'training.batch_size': 4,
+                    'training.micro_batch_size': 2})
+  built, seen = [], {}
+  from_config = episodes.from_config
+  monkeypatch.setattr(
+      episodes, 'from_config',
+      lambda *a: built.append(from_config(*a)) or built[-1])
+  call = preflight._Compiler.__call__
+
+  def spy(self, name, fn, args, *rest, **kwargs):
+    seen[name] = (fn, args)
+    return call(self, name, fn, args, *rest, **kwargs)
+
+  monkeypatch.setattr(preflight._Compiler, '__call__', spy)
+  spec, devices = preflight.prepare(config, 'v5e:2x2')
+  mesh = sharding.make_mesh(config.mesh, devices=devices)
+  programs, skipped = preflight.compile_programs(
+      config, mesh, tpu_topology.available_hbm_bytes(devices[0]),
+      programs=('rollout_prefill', 'rollout_decode'))
+  assert not skipped and len(built) == 1
+  fn, args = seen['rollout_decode']
+  assert fn is built[0].decode_fn
+  rows = config.training.batch_size * config.grpo.num_generations
+  width = (config.generation.max_prompt_length +
+           config.generation.max_generation_steps)
+  forced_tokens, forced, turn_start, cap = args[2:]
+  assert [(a.shape, a.dtype) for a in args[2:]] == [
+      ((rows, width), jnp.int32), ((rows, width), jnp.bool_),
+      ((rows,), jnp.int32), ((), jnp.int32)]
+  # Placed like the sampler's rows (8 rows on 4 devices: two each).
+  assert forced.sharding.shard_shape(forced.shape) == (2, width)
+  assert args[1].token_buffer.shape == (rows, width)
+  lowered = fn.lower(*args).as_text()
+  assert f'tensor<{rows}x{width}xi1>' in lowered  # The forced flags.
+  by_name = {p.name: p for p in programs}
+  decode = by_name['rollout_decode']
+  assert decode.function == preflight.EPISODE_DECODE
+  assert by_name['rollout_prefill'].function == 'rollout.Rollout.prefill_fn'
+  assert decode.calls_per_step == config.generation.max_generation_steps
+  assert decode.argument_bytes >= preflight._per_chip_bytes(args)
+  # The format's stop piece joined the end ids the programs read.
+  assert 106 in built[0].rollout.sampler.eos_ids
+
+
+@pytest.mark.parametrize('field, value', [
+    ('tools', 'calculator'),
+    # Any multi-turn task: the trainer samples it with the same loop.
+    ('environment', 'tests.episode_fixtures:ScriptedEnvironment'),
+])
+def test_episodes_report_names_the_episode_decode_loop(field, value):
+  config = _tiny(**{f'agent.{field}': value,
+                    'training.batch_size': 4,
+                    'training.micro_batch_size': 2})
+  result = preflight.run(config, 'v5e:2x2',
+                         programs=('rollout_prefill', 'rollout_decode'))
+  programs = _by_name(result)
+  assert set(programs) == {'rollout_prefill', 'rollout_decode'}
+  decode = programs['rollout_decode']
+  assert decode['function'] == 'episodes.EpisodeRollout.decode_fn'
+  assert decode['fits'] and decode['argument_bytes'] > 0
+  assert decode['temp_bytes'] > 0 and decode['flops'] > 0
+  assert result['config'][f'agent_{field}'] == value
+  json.dumps(result)
+  text = preflight.format_report(result)
+  assert ('rollout_decode is the episode decode loop '
+          f'(episodes.EpisodeRollout.decode_fn, agent.{field}={value!r})'
+          in text)
+  assert text.splitlines()[-1] == 'FITS'
 
 
 def test_tiny_programs_compile_for_four_hosts():
