@@ -18,6 +18,7 @@ import types
 import pytest
 
 from agent_tunix.bench import context
+from agent_tunix.bench import episode_speed
 from agent_tunix.bench import options
 from agent_tunix.bench import records
 from agent_tunix.bench import report
@@ -80,7 +81,8 @@ def test_every_measurement_has_the_schema(quick):
   result, _ = quick
   names = [m['name'] for m in result['measurements']]
   assert names == ['grpo_step_vs_tunix', 'grpo_step_vs_trl',
-                   'decode_batch_2', 'update_memory', 'tpu_preflight']
+                   'decode_batch_2', 'episode_rollout', 'update_memory',
+                   'tpu_preflight']
   for m in result['measurements']:
     assert set(m) == MEASUREMENT_KEYS, m['name']
     assert m['status'] in ('ok', 'partial', 'skipped', 'error')
@@ -171,12 +173,19 @@ def test_goals_and_table(quick):
   goals = result['goals']
   assert set(goals) == {'grpo_step_le_0.75x_tunix',
                         'decode_ge_0.7_of_bandwidth_bound',
+                        'episode_rollout_le_1.3x_single_turn',
                         'update_memory_le_0.25_naive'}
   assert goals['grpo_step_le_0.75x_tunix']['met'] is None  # tunix skipped
   assert goals['update_memory_le_0.25_naive']['met'] is None
   assert isinstance(goals['decode_ge_0.7_of_bandwidth_bound']['met'], bool)
   assert 'measurement' in stdout and 'decode_batch_2' in stdout
   assert 'goal grpo_step_le_0.75x_tunix: not measured' in stdout
+  episode = _by_name(result)['episode_rollout']
+  assert episode['status'] == 'ok', episode['reason']
+  assert episode['settings']['columns'] == options.QUICK_EPISODE_STEPS
+  assert goals['episode_rollout_le_1.3x_single_turn']['value'] == (
+      episode['ours']['slowdown'])
+  assert 'multi-turn' in stdout
 
 
 def test_preflight_section(quick):
@@ -217,6 +226,79 @@ def test_preflight_section(quick):
       sum(p['time_bound_s'] * p['calls_per_step'] for p in programs.values()))
   assert ours['preflight_s'] > 0
   assert 'v5litepod-4 (v5e:2x2' in stdout and 'step time bound' in stdout
+
+
+@pytest.mark.parametrize('columns, insert, inserts, want', [
+    (64, 26, 3, (4, 2, 4)),  # 3 inserts do not fit: 2.
+    (128, 26, 3, (13, 3, 11)),
+    (40, 10, 1, (15, 1, 15)),
+])
+def test_episode_layout_fills_the_columns(columns, insert, inserts, want):
+  turn, k, last = episode_speed.layout(columns, insert, inserts)
+  assert (turn, k, last) == want
+  assert k * (turn + insert) + last == columns
+  assert 2 <= last <= turn
+
+
+def test_episode_layout_too_short_is_skipped():
+  with pytest.raises(records.Skipped, match='--episode_steps'):
+    episode_speed.layout(8, 26, 3)
+
+
+@pytest.fixture(scope='module')
+def episode_record(tmp_path_factory, monkeypatch_module):
+  """The episodes section on --quick's tiny config, in this process."""
+  monkeypatch_module.setattr(options.STEPS, 'value', 2)
+  config = context.quick_config()
+  ctx = context.build_context(config, str(tmp_path_factory.mktemp('ep')))
+  return episode_speed.episode_measurement(ctx, 48), config
+
+
+@pytest.fixture(scope='module')
+def monkeypatch_module():
+  with pytest.MonkeyPatch.context() as patch:
+    yield patch
+
+
+def test_episode_section_measures_both_rollouts(episode_record):
+  m, config = episode_record
+  assert set(m) == MEASUREMENT_KEYS
+  assert (m['name'], m['sections'], m['status']) == (
+      'episode_rollout', ['episodes'], 'ok')
+  s, ours, peer = m['settings'], m['ours'], m['peer']
+  rows = config.training.batch_size * config.grpo.num_generations
+  assert s['rows'] == rows and s['columns'] == 48
+  assert (s['inserts'] * (s['turn_tokens'] + s['insert_tokens']) +
+          s['last_turn_tokens']) == 48
+  # Every column counts, sampled and inserted, on both sides.
+  assert ours['columns_per_step'] == peer['columns_per_step'] == rows * 48
+  for side in (ours, peer):
+    assert len(side['steps_s']) == 2 and len(side['warmup_steps_s']) == 1
+    assert math.isclose(side['tokens_per_s'],
+                        side['columns_per_step'] / side['median_s'])
+  # The ratio comes from the two measured rates.
+  assert math.isclose(ours['slowdown'],
+                      peer['tokens_per_s'] / ours['tokens_per_s'])
+  assert math.isclose(m['ratio'], ours['median_s'] / peer['median_s'])
+  assert math.isclose(m['ratio'], ours['slowdown'])  # Same columns.
+  # The scripted episodes happened: K inserts, K + 1 turns, each turn one
+  # exit of the decode loop, which compiled once.
+  k = s['inserts']
+  assert k >= 1 and ours['turns_mean'] == k + 1
+  assert ours['insert_tokens_mean'] == k * s['insert_tokens']
+  assert ours['model_tokens_mean'] + ours['insert_tokens_mean'] == 48
+  assert ours['decode_calls_steps'] == [k + 1, k + 1]
+  assert ours['decode_calls'] == k + 1
+  assert ours['decode_compiles'] == 1, ours['decode_program']
+  assert ours['compiles_during_timed_steps'] == 0
+  assert ours['decode_program'] == 'jit(loop)'  # The CPU graph's loop.
+  assert 0 < ours['host_median_s'] == ours['breakdown_s']['host']
+  assert len(ours['host_steps_s']) == 2
+  json.dumps(m)
+  goal = report.goals([m])['episode_rollout_le_1.3x_single_turn']
+  assert goal['value'] == ours['slowdown']
+  assert goal['met'] == (ours['slowdown'] <= 1.3)
+  assert f"{k + 1} decode calls" in goal['note']
 
 
 def _tiny_mesh(shape, micro_batch_size):
@@ -299,7 +381,7 @@ def test_measurement_status_and_ratio():
 def test_memory_section(tmp_path):
   out = tmp_path / 'memory.json'
   proc = _run_bench('--quick', '--steps=1',
-                    '--skip=grpo,tunix,trl,decode,preflight',
+                    '--skip=grpo,tunix,trl,decode,episodes,preflight',
                     f'--output={out}')
   assert proc.returncode == 0, proc.stderr[-6000:]
   with open(out) as f:

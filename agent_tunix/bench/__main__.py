@@ -42,6 +42,18 @@ Sections (--skip takes a comma list of their names):
           second by a sum over a large array. A decode step mostly reads,
           and where reads run faster than copies, decode can pass the copy
           bound; the read bound is the tighter one there.
+  episodes
+          A multi-turn rollout against a single-turn one of the same length
+          (bench/episode_speed.py): the same prompts, G and C completion
+          columns (--episode_steps; default generation.max_generation_steps,
+          64 with --quick), rollout.Rollout.generate (one turn) against
+          episodes.EpisodeRollout.generate over the same sampler, where every
+          row's episode has agent.max_tool_calls inserts (fewer when C is
+          short) of a fixed tool result from a scripted environment, between
+          model turns that end at a per-turn cap chosen so that turns and
+          inserts fill the C columns. Tokens are every column, sampled and
+          inserted. Goal: the multi-turn seconds per column at most 1.3x the
+          single-turn ones (set for CPU).
   memory  One update (grpo.train_step: chunked log-probs, the config's
           model.remat) against the naive update: the same update with
           naive log-probs swapped in (full [B, T, V] logits from the model,
@@ -97,8 +109,8 @@ JSON written to --output:
 
   measurement = {
     "name": str,                  # grpo_step_vs_tunix, grpo_step_vs_trl,
-                                  # decode_batch_<b>, update_memory,
-                                  # tpu_preflight
+                                  # decode_batch_<b>, episode_rollout,
+                                  # update_memory, tpu_preflight
     "sections": [str],            # the --skip names it depends on
     "status": "ok" | "partial" | "skipped" | "error",
     "reason": str | null,         # why partial/skipped/error
@@ -123,6 +135,23 @@ projection as E @ x.T at settings["column_decode_rows"] = [min, max] rows).
 GRPO sides carry "compile_s", "breakdown_s" and "tokens_per_s" (completion
 tokens per second of step time); the memory sides carry "temp_bytes",
 "peak_bytes" and the other memory_analysis() fields.
+
+episode_rollout: ours is the multi-turn rollout, peer the single-turn one
+(both GRPO-style sides: steps_s, warmup_steps_s, compile_s, tokens_per_s
+counting every completion column, and "columns_per_step"), so ratio is the
+multi-turn seconds over the single-turn ones; ours["slowdown"] is the
+single-turn tokens/s over the multi-turn tokens/s (the goal's value; equal
+to ratio when both fill every column). Ours also carries "host_median_s"
+and breakdown_s["host"] (seconds in the environments and the inserts,
+EpisodeRollout.last_host_seconds), "decode_calls" (calls of the compiled
+decode loop in a generate call, last_decode_calls), "decode_program" and
+"decode_compiles" (XLA compiles of the episode decode loop over the warm-up
+and timed calls, counted with jax.monitoring; 1 when its shapes hold),
+"compiles_during_timed_steps" (of any program, both sides: 0 when the
+timing excludes compiles), "turns_mean", "model_tokens_mean",
+"insert_tokens_mean" and "finish" (episodes per finish). Its settings give
+the layout: "columns", "inserts", "insert_tokens", "insert_text",
+"turn_tokens" (the per-turn cap), "last_turn_tokens".
 
 tpu_preflight has no peer and times nothing ("ok" when it compiled; ours
 median_s and ratio null). Its settings name the slice ("topology",
@@ -150,6 +179,7 @@ from absl import logging
 from agent_tunix import cli
 from agent_tunix.bench import context
 from agent_tunix.bench import decode_speed
+from agent_tunix.bench import episode_speed
 from agent_tunix.bench import grpo_step
 from agent_tunix.bench import options
 from agent_tunix.bench import records
@@ -162,14 +192,15 @@ from agent_tunix.config import validation
 from agent_tunix.tpu import topology as tpu_topology
 
 
-def run(config, skip, decode_batch_sizes, preflight_topology):
+def run(config, skip, decode_batch_sizes, preflight_topology,
+        episode_steps=0):
   """Runs the sections not in `skip`; returns the result dict."""
   with tempfile.TemporaryDirectory(prefix='bench_') as workdir:
     return _run(context.build_context(config, workdir), skip,
-                decode_batch_sizes, preflight_topology)
+                decode_batch_sizes, preflight_topology, episode_steps)
 
 
-def _run(ctx, skip, decode_batch_sizes, preflight_topology):
+def _run(ctx, skip, decode_batch_sizes, preflight_topology, episode_steps):
   settings = ctx.settings
   measurements = []
 
@@ -196,6 +227,15 @@ def _run(ctx, skip, decode_batch_sizes, preflight_topology):
         'decode', ['decode'], {'batch_sizes': decode_batch_sizes},
         reason=reason, error=err,
     ))
+
+  episode, reason, err = records.run_section(
+      'episodes', skip, episode_speed.episode_measurement, ctx, episode_steps
+  )
+  measurements.append(episode or records.measurement(
+      episode_speed.NAME, ['episodes'],
+      {'columns': episode_steps or settings['generation_length']},
+      reason=reason, error=err,
+  ))
 
   mem, reason, err = records.run_section(
       'memory', skip, update_memory.memory_measurement, ctx
@@ -236,10 +276,15 @@ def main(argv):
     raise app.UsageError(f'--steps={options.STEPS.value} must be >= 1.')
   sizes = options.DECODE_BATCH_SIZES.value
   topology = options.PREFLIGHT_TOPOLOGY.value
+  episode_steps = options.EPISODE_STEPS.value
+  if episode_steps < 0:
+    raise app.UsageError(f'--episode_steps={episode_steps} must be >= 0.')
   if options.QUICK.value:
     config = context.quick_config()
     if not flags.FLAGS['decode_batch_sizes'].present:
       sizes = ['1', '4']
+    if not flags.FLAGS['episode_steps'].present:
+      episode_steps = options.QUICK_EPISODE_STEPS
     if not flags.FLAGS['preflight_topology'].present:
       topology = options.QUICK_PREFLIGHT_TOPOLOGY
   else:
@@ -259,7 +304,7 @@ def main(argv):
   if any(b < 1 for b in batch_sizes):
     raise app.UsageError(f'--decode_batch_sizes={sizes} must be >= 1.')
   try:
-    result = run(config, skip, batch_sizes, topology)
+    result = run(config, skip, batch_sizes, topology, episode_steps)
   except validation.ConfigError as e:
     raise SystemExit(f'bench: {e}') from e
   report.print_table(result)

@@ -11,7 +11,8 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
-SECTIONS = ('grpo', 'tunix', 'trl', 'decode', 'memory', 'preflight')
+SECTIONS = ('grpo', 'tunix', 'trl', 'decode', 'episodes', 'memory',
+            'preflight')
 REPO_ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
@@ -33,6 +34,9 @@ STEPS = _Value(3)
 DECODE_BATCH_SIZES = _Value(['1', '4', '16', '64'])
 DECODE_PROMPT_LENGTH = _Value(32)
 SKIP = _Value([])
+EPISODE_STEPS = _Value(0)
+# --quick's episode columns: its 8 generation steps hold no turns.
+QUICK_EPISODE_STEPS = 64
 PREFLIGHT_TOPOLOGY = _Value('v5litepod-8')
 # --quick's slice: the tiny model's 2 heads and 2-row micro-batches spread
 # over at most 4 devices.
@@ -42,7 +46,7 @@ QUICK_PREFLIGHT_TOPOLOGY = 'v5litepod-4'
 def define_flags():
   """Defines the command-line flags (`python -m agent_tunix.bench --help`)."""
   global CONFIG, QUICK, OUTPUT, STEPS, DECODE_BATCH_SIZES
-  global DECODE_PROMPT_LENGTH, SKIP, PREFLIGHT_TOPOLOGY
+  global DECODE_PROMPT_LENGTH, SKIP, PREFLIGHT_TOPOLOGY, EPISODE_STEPS
   CONFIG = config_flags.DEFINE_config_file(
       'config', _DEFAULT_CONFIG, 'Config file (a get_config() module).',
       lock_config=True,
@@ -66,6 +70,12 @@ def define_flags():
       'decode_prompt_length', DECODE_PROMPT_LENGTH.value,
       'Prompt bucket of the decode section; its KV cache holds this many '
       'tokens plus generation.max_generation_steps.',
+  )
+  EPISODE_STEPS = flags.DEFINE_integer(
+      'episode_steps', EPISODE_STEPS.value,
+      'Completion columns of the episodes section (model turns and inserts '
+      'together); 0 = generation.max_generation_steps '
+      f'({QUICK_EPISODE_STEPS} with --quick).',
   )
   SKIP = flags.DEFINE_list(
       'skip', SKIP.value,

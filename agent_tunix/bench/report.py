@@ -31,6 +31,23 @@ def goals(measurements):
           f'{ {b: round(f, 3) for b, f in fractions.items()} }; met at '
           f'batch sizes {met_at}'),
   }
+  episode = by_name.get('episode_rollout')
+  ours = episode['ours'] if episode and episode['ours'] else None
+  value = ours['slowdown'] if ours else None
+  out['episode_rollout_le_1.3x_single_turn'] = {
+      'target': 'single-turn tokens/s / multi-turn tokens/s <= 1.3 (on '
+                'CPU), every column counted',
+      'value': value,
+      'met': None if value is None else value <= 1.3,
+      'note': None if not ours else (
+          f"{episode['settings']['backend']}; "
+          f"{episode['settings']['inserts']} inserts of "
+          f"{episode['settings']['insert_tokens']} tokens per episode, "
+          f"turns of {episode['settings']['turn_tokens']}; "
+          f"{ours['decode_calls']} decode calls, host "
+          f"{ours['host_median_s']:.4f} s, "
+          f"{ours['decode_compiles']} compile(s) of the decode loop"),
+  }
   mem = by_name.get('update_memory')
   ours = mem['ours'] if mem and mem['ours'] else None
   value = ours['peak_bytes_ratio'] if ours else None
@@ -90,6 +107,12 @@ def print_table(result):
           f"{100 * ours['fraction_of_roofline']:.1f}%; read-bandwidth "
           f"bound {ours['read_bound_tokens_per_s']:.1f} tok/s, "
           f"{100 * ours['fraction_of_read_bound']:.1f}%")
+    if 'slowdown' in ours:
+      details.append(
+          f"multi-turn {ours['tokens_per_s']:.1f} tok/s vs one turn "
+          f"{peer['tokens_per_s']:.1f} tok/s (x{ours['slowdown']:.3f}); "
+          f"{ours['decode_calls']} decode calls, "
+          f"{ours['decode_compiles']} compile(s) of the decode loop")
     if 'temp_bytes' in ours:
       details.append(
           f"temp {_fmt(ours['temp_bytes'], 'b')} vs "

@@ -1,0 +1,275 @@
+"""Section episodes: a multi-turn rollout's tokens/s against a single-turn one.
+
+Both sample the bench's prompts (B prompts, G rows each) for the same C
+completion columns, on the bench's model, with the same sampling settings
+and seeds:
+
+  single  rollout.Rollout.generate: C sampled tokens per row.
+  multi   episodes.EpisodeRollout.generate over the same Rollout: each row's
+          episode is K + 1 model turns with K inserts between them, which
+          together fill the C columns.
+
+The episodes are scripted, so that they are the same on any model (the
+tiny random one included): end tokens are off in both samplers, a model turn
+ends at the per-turn cap T, and the bench's environment (`Scripted`) answers
+each of the first K turns with the same tool result (the config's
+agent.format rendering of one calculator result, after the format's call
+end, as a call turn closed by the host is answered) and ends the episode at
+the next turn. T is the smallest cap with which K turns and K inserts of I
+tokens leave at most T columns for the last turn, which runs to the end of
+the columns. Every row ends its turns at the same column, so each turn is
+one exit of the decode loop: K + 1 calls of the compiled loop per episode.
+EpisodeRollout ends an episode at its cap (finish 'turn_tokens'); the
+bench's subclass (`_CapEndsTurn`) reads a turn that reached the cap as
+ended, so the episode goes on: the same host work as a turn closed by an
+end token or a pause.
+
+Each side runs once untimed (compiles), then --steps times, alternating;
+each time is the wall time of one generate call (prefill, decode, the host's
+work between turns, the completions). Tokens are every column produced,
+sampled and inserted (`Completions.attended`). Also reported: the host
+seconds in the environments and inserts (`last_host_seconds`), the decode
+loop calls (`last_decode_calls`), and the compiles of the episode decode
+program over the warm-up and timed calls: the XLA compiles JAX reports
+(`jax.monitoring`) under the jitted loop's name, one when its inputs keep
+their shapes from turn to turn. (The jit's `_cache_size()` counts call
+signatures, not compiles: on a one-device mesh the done flags come back
+from the host placed P('fsdp') where the prefill left them P(), a second
+signature that lowers to the same program.)
+"""
+
+import collections
+import contextlib
+import dataclasses
+import gc
+
+from absl import logging
+import jax
+import numpy as np
+
+from agent_tunix.agent import environment
+from agent_tunix.agent import formats
+from agent_tunix.bench import context
+from agent_tunix.bench import options
+from agent_tunix.bench import records
+from agent_tunix.rl import episodes
+from agent_tunix.rl import rollout
+
+NAME = 'episode_rollout'
+# The tool result every insert carries.
+RESULT_NAME, RESULT_TEXT = 'calculator', '1364'
+# jax.monitoring's event for each XLA compile (its fun_name: 'jit(<name>)').
+_COMPILE_EVENT = '/jax/core/compile/backend_compile_duration'
+
+
+@dataclasses.dataclass
+class _Result:
+  name: str
+  text: str
+
+
+class Scripted(environment.Environment):
+  """Answers the first `inserts` turns with `text`, then ends the episode."""
+
+  def __init__(self, text, inserts):
+    self.text = text
+    self.inserts = int(inserts)
+    self.turns = 0
+
+  def reset(self, example):
+    del example
+    self.turns = 0
+
+  def step(self, turn_text):
+    del turn_text
+    self.turns += 1
+    if self.turns <= self.inserts:
+      return environment.Reply(text=self.text, done=False)
+    return environment.Reply(text=None, done=True,
+                             finish=environment.FINISH_ANSWER)
+
+
+class _CapEndsTurn(episodes.EpisodeRollout):
+  """An EpisodeRollout whose per-turn cap ends the turn, not the episode.
+
+  EpisodeRollout reads a turn that reached its cap as the end of the
+  episode (finish 'turn_tokens'); here it reads as a turn closed by an end
+  token, which the environment answers. Only that host-side reading
+  differs: `generate` and its compiled decode loop are EpisodeRollout's.
+  """
+
+  def _turn_end(self, row, start, step, done):
+    end, how = super()._turn_end(row, start, step, done)
+    return end, 'end' if how == 'cap' else how
+
+
+def insert_text(config):
+  """The text each insert carries: the format's call end and one result."""
+  fmt = formats.get(config.agent.format or 'gemma3')
+  return fmt.call_end + fmt.render_results([_Result(RESULT_NAME,
+                                                    RESULT_TEXT)])
+
+
+def layout(columns, insert_tokens, inserts):
+  """How K turns of T tokens, K inserts and a last turn fill `columns`.
+
+  Args:
+    columns: C.
+    insert_tokens: I, tokens per insert.
+    inserts: K wanted; fewer when C is too short for them.
+
+  Returns:
+    (T, K, tokens of the last turn): the smallest T with which the last
+    turn, C - K (T + I), is at most T (it runs to the end of the columns);
+    every turn has at least 2 tokens.
+
+  Raises:
+    records.Skipped: C is too short for one insert.
+  """
+  for k in range(int(inserts), 0, -1):
+    rest = columns - k * insert_tokens
+    turn = -(-rest // (k + 1))
+    last = rest - k * turn
+    if turn >= 2 and last >= 2:
+      return turn, k, last
+  raise records.Skipped(
+      f'{columns} completion columns are too short for one insert of '
+      f'{insert_tokens} tokens between two turns of 2 or more; raise '
+      '--episode_steps.')
+
+
+@contextlib.contextmanager
+def _counting_compiles():
+  """Yields a Counter of backend compiles by jitted function name."""
+  counts = collections.Counter()
+
+  def listen(event, seconds, **kwargs):
+    del seconds
+    if event == _COMPILE_EVENT:
+      counts[kwargs.get('fun_name', '?')] += 1
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    yield counts
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+
+
+def _timed(fn, *args, **kwargs):
+  """(seconds, result) of one call."""
+  start = records.now()
+  out = fn(*args, **kwargs)
+  return records.now() - start, out
+
+
+def episode_measurement(ctx, steps=0):
+  """The multi-turn rollout against the single-turn one (module docstring).
+
+  Args:
+    ctx: the bench's `Context`.
+    steps: C, completion columns; 0 = generation.max_generation_steps.
+
+  Returns:
+    A measurement record: ours the multi-turn rollout, peer the single-turn.
+  """
+  config = ctx.config
+  gen = config.generation
+  g = config.grpo.num_generations
+  columns = int(steps or gen.max_generation_steps)
+  prompts = ctx.prompt_tokens
+  text = insert_text(config)
+  insert_ids = [int(t) for t in ctx.tokenizer.encode(text)]
+  turn, inserts, last = layout(columns, len(insert_ids),
+                               config.agent.max_tool_calls)
+  sampler = rollout.Rollout(
+      ctx.session.model, ctx.tokenizer, prompts.shape[1] + columns,
+      cpu_decode_graph=gen.cpu_decode_graph,
+  )
+  context.disable_end_tokens(sampler)
+  multi = _CapEndsTurn(sampler, lambda: Scripted(text, inserts),
+                       max_turn_tokens=turn,
+                       max_insert_tokens=max(8, len(insert_ids)))
+  sampling = dict(temperature=gen.temperature, top_k=gen.top_k,
+                  top_p=gen.top_p, num_generations=g)
+  sides = (('single', sampler), ('multi', multi))
+  decode_name = f'jit({getattr(multi.decode_fn, "__name__", "?")})'
+  times = {'single': [], 'multi': []}
+  warmup = {}
+  tokens = {'single': [], 'multi': []}
+  host_s, calls = [], []
+  with _counting_compiles() as compiles:
+    for side, generator in sides:  # Warm-up: compiles.
+      warmup[side], _ = _timed(generator.generate, prompts, columns, 0,
+                               **sampling)
+    warm_compiles = sum(compiles.values())
+    for rep in range(options.STEPS.value):
+      for side, generator in sides:
+        seconds, out = _timed(generator.generate, prompts, columns, rep + 1,
+                              **sampling)
+        times[side].append(seconds)
+        tokens[side].append(int(out.attended.sum()))
+        if side == 'multi':
+          host_s.append(multi.last_host_seconds)
+          calls.append(multi.last_decode_calls)
+          episode_out = out
+    timed_compiles = sum(compiles.values()) - warm_compiles
+  rows = len(prompts) * g
+  finishes = collections.Counter(e.finish for e in episode_out.episodes)
+  single = records.step_summary(
+      'rollout.Rollout.generate (one turn)', times['single'],
+      [warmup['single']], records.median(tokens['single']),
+      note='tokens: every completion column (all sampled)')
+  ours = records.step_summary(
+      f'episodes.EpisodeRollout.generate ({inserts + 1} turns, {inserts} '
+      'inserts)', times['multi'], [warmup['multi']],
+      records.median(tokens['multi']), breakdown={'host': host_s},
+      note='tokens: every completion column, sampled and inserted')
+  ours.update(
+      # Seconds per column over the single-turn rollout's: the ratio of
+      # the two measured rates.
+      slowdown=single['tokens_per_s'] / ours['tokens_per_s'],
+      columns_per_step=records.median(tokens['multi']),
+      host_median_s=records.median(host_s),
+      host_steps_s=[round(s, 6) for s in host_s],
+      decode_calls=calls[-1],
+      decode_calls_steps=calls,
+      decode_program=decode_name,
+      decode_compiles=compiles[decode_name],
+      compiles_during_timed_steps=timed_compiles,
+      turns_mean=float(np.mean([e.turns for e in episode_out.episodes])),
+      model_tokens_mean=float(np.mean(
+          [e.model_tokens for e in episode_out.episodes])),
+      insert_tokens_mean=float(np.mean(
+          [e.insert_tokens for e in episode_out.episodes])),
+      finish=dict(finishes),
+  )
+  single['columns_per_step'] = records.median(tokens['single'])
+  settings = {
+      'batch_size': len(prompts),
+      'num_generations': g,
+      'rows': rows,
+      'prompt_length': int(prompts.shape[1]),
+      'columns': columns,
+      'kv_cache_size': int(prompts.shape[1]) + columns,
+      'inserts': inserts,
+      'insert_tokens': len(insert_ids),
+      'insert_text': text,
+      'turn_tokens': turn,
+      'last_turn_tokens': last,
+      'tool_format': config.agent.format or 'gemma3',
+      'temperature': gen.temperature,
+      'top_k': gen.top_k,
+      'top_p': gen.top_p,
+      'end_tokens': 'disabled: turns end at turn_tokens',
+      'cpu_decode_graph': sampler.cpu_decode_graph,
+      'backend': jax.default_backend(),
+  }
+  logging.info(
+      'episodes: %.1f tok/s over %d turns vs %.1f tok/s in one (x%.3f); '
+      '%d decode calls, host %.4f s, %d compile(s) of %s', ours['tokens_per_s'],
+      inserts + 1, single['tokens_per_s'], ours['slowdown'], calls[-1],
+      ours['host_median_s'], ours['decode_compiles'], decode_name)
+  multi.close()
+  del multi, sampler
+  gc.collect()
+  return records.measurement(NAME, ['episodes'], settings, ours, single)
