@@ -19,10 +19,9 @@ the next turn. T is the smallest cap with which K turns and K inserts of I
 tokens leave at most T columns for the last turn, which runs to the end of
 the columns. Every row ends its turns at the same column, so each turn is
 one exit of the decode loop: K + 1 calls of the compiled loop per episode.
-EpisodeRollout ends an episode at its cap (finish 'turn_tokens'); the
-bench's subclass (`_CapEndsTurn`) reads a turn that reached the cap as
-ended, so the episode goes on: the same host work as a turn closed by an
-end token or a pause.
+The bench builds its EpisodeRollout with cap_ends_episode=False, so a
+turn that reached the cap is answered like one closed by an end token or a
+pause, and the episode goes on: the same host work.
 
 Each side runs once untimed (compiles), then --steps times, alternating;
 each time is the wall time of one generate call (prefill, decode, the host's
@@ -32,10 +31,7 @@ seconds in the environments and inserts (`last_host_seconds`), the decode
 loop calls (`last_decode_calls`), and the compiles of the episode decode
 program over the warm-up and timed calls: the XLA compiles JAX reports
 (`jax.monitoring`) under the jitted loop's name, one when its inputs keep
-their shapes from turn to turn. (The jit's `_cache_size()` counts call
-signatures, not compiles: on a one-device mesh the done flags come back
-from the host placed P('fsdp') where the prefill left them P(), a second
-signature that lowers to the same program.)
+their shapes from turn to turn.
 """
 
 import collections
@@ -87,20 +83,6 @@ class Scripted(environment.Environment):
       return environment.Reply(text=self.text, done=False)
     return environment.Reply(text=None, done=True,
                              finish=environment.FINISH_ANSWER)
-
-
-class _CapEndsTurn(episodes.EpisodeRollout):
-  """An EpisodeRollout whose per-turn cap ends the turn, not the episode.
-
-  EpisodeRollout reads a turn that reached its cap as the end of the
-  episode (finish 'turn_tokens'); here it reads as a turn closed by an end
-  token, which the environment answers. Only that host-side reading
-  differs: `generate` and its compiled decode loop are EpisodeRollout's.
-  """
-
-  def _turn_end(self, row, start, step, done):
-    end, how = super()._turn_end(row, start, step, done)
-    return end, 'end' if how == 'cap' else how
 
 
 def insert_text(config):
@@ -186,9 +168,9 @@ def episode_measurement(ctx, steps=0):
       cpu_decode_graph=gen.cpu_decode_graph,
   )
   context.disable_end_tokens(sampler)
-  multi = _CapEndsTurn(sampler, lambda: Scripted(text, inserts),
-                       max_turn_tokens=turn,
-                       max_insert_tokens=max(8, len(insert_ids)))
+  multi = episodes.EpisodeRollout(
+      sampler, lambda: Scripted(text, inserts), max_turn_tokens=turn,
+      max_insert_tokens=max(8, len(insert_ids)), cap_ends_episode=False)
   sampling = dict(temperature=gen.temperature, top_k=gen.top_k,
                   top_p=gen.top_p, num_generations=g)
   sides = (('single', sampler), ('multi', multi))

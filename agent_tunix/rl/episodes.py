@@ -139,7 +139,7 @@ class EpisodeRollout:
   """Samples multi-turn episodes with a `rollout.Rollout`'s sampler."""
 
   def __init__(self, rollout, make_environment, max_turn_tokens,
-               max_insert_tokens):
+               max_insert_tokens, cap_ends_episode=True):
     """Wraps a single-turn `Rollout` (its sampler, prefill and stops).
 
     Args:
@@ -149,6 +149,9 @@ class EpisodeRollout:
       max_turn_tokens: a model turn longer than this ends the episode
         (finish 'turn_tokens').
       max_insert_tokens: an insert longer than this is cut in the middle.
+      cap_ends_episode: False reads a turn that reached max_turn_tokens as
+        a finished turn, which the environment answers (the bench's
+        scripted episodes, whose turns end by count on any model).
     """
     if max_turn_tokens < 1 or max_insert_tokens < 8:
       raise ValueError(
@@ -159,6 +162,7 @@ class EpisodeRollout:
     self.make_environment = make_environment
     self.max_turn_tokens = int(max_turn_tokens)
     self.max_insert_tokens = int(max_insert_tokens)
+    self.cap_ends_episode = bool(cap_ends_episode)
     self._marker_ids = [int(t) for t in self.tokenizer.encode(' ... ')]
     sampler = rollout.sampler
     loop = self._decode_loop
@@ -249,13 +253,16 @@ class EpisodeRollout:
     return jax.lax.while_loop(cond, body, state)
     # pylint: enable=protected-access
 
-  def _put_rows(self, x):
-    """A host array of per-row values, placed like the sampler's rows."""
+  def _put_rows(self, x, like=None):
+    """A host array of per-row values, placed like the sampler's rows (or
+    like the array `like` it replaces, so the loop's inputs keep one
+    placement from call to call)."""
     mesh = self.rollout.mesh
     if mesh is None:
       return jnp.asarray(x)
-    return sharding.put_global(
-        x, sharding.batch_sharding(mesh, np.ndim(x), rows=len(x)))
+    placement = (like.sharding if like is not None
+                 else sharding.batch_sharding(mesh, np.ndim(x), rows=len(x)))
+    return sharding.put_global(x, placement)
 
   def generate(self, prompt_tokens, max_steps, seed, temperature=0.0,
                top_k=0, top_p=1.0, rows=None, num_generations=1,
@@ -337,7 +344,7 @@ class EpisodeRollout:
           if step < total_steps - 1:
             continue
           finish[r] = FINISH_COLUMNS  # Out of columns mid-turn.
-        elif how == 'cap':
+        elif how == 'cap' and self.cap_ends_episode:
           finish[r] = FINISH_TURN_TOKENS
         turns[r].append((turn_start[r], end + 1))
         end_col[r] = end
@@ -369,7 +376,8 @@ class EpisodeRollout:
         # sampled after it become pad, which every later query masks out.
         for r, first, last in holes:
           tokens[r, first:last + 1] = self._pad
-        state = state.replace(token_buffer=self._put_rows(tokens))
+        state = state.replace(
+            token_buffer=self._put_rows(tokens, state.token_buffer))
       if inserts or (new_done != done).any():
         for r, (start, ids) in inserts.items():
           forced_np[r, start:start + len(ids)] = True
@@ -377,7 +385,7 @@ class EpisodeRollout:
           turn_start[r] = start + len(ids)
         forced = self._put_rows(forced_np)
         forced_tokens = self._put_rows(forced_tokens_np)
-        state = state.replace(done=self._put_rows(new_done))
+        state = state.replace(done=self._put_rows(new_done, state.done))
       if all(f is not None for f in finish) or step >= total_steps - 1:
         break
       limit = total_steps if chunk is None else min(step + chunk,
