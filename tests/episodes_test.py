@@ -13,6 +13,7 @@ import pytest
 from agent_tunix import models
 from agent_tunix.agent import environment
 from agent_tunix.data import pipeline
+from agent_tunix.rl import episode_stats
 from agent_tunix.rl import episodes
 from agent_tunix.rl import logprobs
 from agent_tunix.rl import rollout
@@ -255,3 +256,39 @@ def test_generate_with_tools_prints_the_transcript(tiny_model):
   assert len(ids) == 8
   plain, _ = generate.Generator(model, tokenizer)('What is 2 + 3?', 8)
   assert text == 'model: ' + plain
+
+
+def _episode(finish, calls, stats, turns=2, model=10, inserted=5):
+  return episodes.Episode(transcript='', final_text='', tool_calls=calls,
+                          finish=finish, turns=turns, model_tokens=model,
+                          insert_tokens=inserted, stats=stats)
+
+
+def test_episode_stats_scalars_and_tool_use_bonus():
+  batch = [
+      _episode('answer', [{'name': 'calculator', 'error': None}],
+               {'tool_calls': 1, 'tool_seconds': 0.25}),
+      _episode('max_tool_calls', [{'name': 'calculator', 'error': 'timeout'},
+                                  {'name': 'calculator', 'error': None}],
+               {'tool_calls': 2, 'timeouts': 1, 'parse_errors': 1,
+                'tool_seconds': 1.0}, turns=4),
+      _episode('answer', [], {}, turns=1, inserted=0),
+      _episode('turn_tokens', [{'name': 'x', 'error': 'unknown_tool'}],
+               {'tool_calls': 1, 'unknown_tool': 1}),
+  ]
+  got = episode_stats.scalars(episode_stats.row_stats(batch))
+  assert got['agent/turns_mean'] == 2.25 and got['agent/turns_max'] == 4
+  assert got['agent/tool_calls_per_episode'] == 1.0
+  assert got['agent/tool_use_rate'] == 0.75
+  # 4 calls run + 1 unreadable call turn = 5 attempts.
+  assert got['agent/parse_error_rate'] == pytest.approx(1 / 5)
+  assert got['agent/timeout_rate'] == pytest.approx(1 / 5)
+  assert got['agent/exec_error_rate'] == pytest.approx(1 / 5)
+  assert got['agent/finish/answer'] == 0.5
+  assert got['agent/finish/max_tool_calls'] == 0.25
+  assert got['agent/finish/turn_tokens'] == 0.25
+  assert got['agent/tool_tokens_mean'] == 3.75
+  assert got['time/tool_s'] == 1.25
+  # The bonus goes to episodes with a call that ran without error.
+  np.testing.assert_allclose(
+      episode_stats.tool_use_bonus(batch, 0.2), [0.2, 0.2, 0.0, 0.0])

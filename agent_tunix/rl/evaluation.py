@@ -30,6 +30,7 @@ import numpy as np
 from agent_tunix.data import pipeline
 from agent_tunix.rewards import format as format_lib
 from agent_tunix.rewards import math as math_lib
+from agent_tunix.rl import episode_stats
 from agent_tunix.rl import episodes as episodes_lib
 
 
@@ -106,7 +107,7 @@ def _generate_all(sampler, tokens, batch_size, max_steps, seed,
 def tool_scores(episodes):
   """Tool use of greedy episodes: calls per episode, the share of episodes
   that call, and failed call attempts per attempt."""
-  rows = episodes_lib.row_stats(episodes)
+  rows = episode_stats.row_stats(episodes)
   attempts = rows['calls'] + rows['parse_errors'] + rows['excess_calls']
   failed = rows['parse_errors'] + rows['exec_errors'] + rows['timeouts']
   return {

@@ -44,6 +44,7 @@ from agent_tunix.config import validation
 from agent_tunix.data import pipeline
 from agent_tunix.observe import metrics as metrics_lib
 from agent_tunix.rl import dynamic_sampling
+from agent_tunix.rl import episode_stats
 from agent_tunix.rl import episodes
 from agent_tunix.rl import evaluation
 from agent_tunix.rl import grpo
@@ -172,8 +173,8 @@ def rollout_batch(session, batch, step):
       total, per_fn, out.lengths, out.truncated, g
   )
   if out.episodes is not None:
-    scalars.update(episodes.scalars(sharding.allgather_concat(
-        episodes.row_stats(out.episodes))))
+    scalars.update(episode_stats.scalars(sharding.allgather_concat(
+        episode_stats.row_stats(out.episodes))))
   update = {
       'tokens': np.concatenate([rows['prompt_tokens'], out.tokens], axis=1),
       'input_mask': np.concatenate(
@@ -234,7 +235,7 @@ def _score(session, rows, out):
   )
   bonus = session.config.agent.tool_use_bonus
   if out.episodes is not None and bonus > 0:
-    per_fn['tool_use_bonus'] = episodes.tool_use_bonus(out.episodes, bonus)
+    per_fn['tool_use_bonus'] = episode_stats.tool_use_bonus(out.episodes, bonus)
     total = np.asarray(total, np.float32) + per_fn['tool_use_bonus']
   return total, per_fn
 
@@ -364,11 +365,9 @@ def rollout_dynamic(session, batch, step):
           [r.completions.truncated for r in rounds]).astype(np.float32),
   }, g)
   scalars.update(dynamic_sampling.step_scalars(selection, batch_size))
-  if rounds[0].completions.episodes is not None:
-    scalars.update(episodes.scalars({
-        k: np.concatenate([r[k] for r in (
-            episodes.row_stats(rd.completions.episodes) for rd in rounds)])
-        for k in episodes.row_stats(rounds[0].completions.episodes)}))
+  if rounds[0].completions.episodes is not None:  # Every process's rows.
+    scalars.update(episode_stats.scalars(episode_stats.row_stats(
+        [e for r in rounds for e in r.completions.episodes])))
   samples = tuple(
       [x for r in rounds for x in r.samples[i]] for i in range(3))
   return update, scalars, samples, gen_tokens
