@@ -5,8 +5,7 @@ multi-turn episode in which the model may call `calculator` (Gemma 3's
 Python-style call list; the result comes back as a <tool_response> turn)
 before it answers. The problems need arithmetic a 270M model gets wrong in
 its head (data.difficulty=4: two or three operations on 2- to 4-digit
-numbers). The prompt shows two worked episodes, each one call and the
-answer.
+numbers). The prompt shows a worked episode: one call and the answer.
 
   python -m agent_tunix.main --config=configs/gemma3_270m_tools.py --workdir=/tmp/tools
 
@@ -25,12 +24,14 @@ def get_config(arg=None):
   config.agent.tools = 'calculator'
   # Two or three operations on 2- to 4-digit numbers.
   config.data.difficulty = 4
-  # The tool instructions and two worked episodes: 449-480 tokens.
-  config.generation.max_prompt_length = 512
+  # The tool instructions and a worked episode: 300-340 tokens. Prompt and
+  # episode stay within the model's 512-token sliding window, so the update
+  # runs each prompt once per group (grpo.share_prompts).
+  config.generation.max_prompt_length = 384
   # A call turn (~25 tokens), its result (~15) and the answer (~45).
   config.generation.max_generation_steps = 128
   config.eval.max_generation_steps = 128
   config.agent.max_turn_tokens = 96
   config.agent.max_tool_output_tokens = 32
-  config.generation.kv_cache_size = 640
+  config.generation.kv_cache_size = 512
   return base.apply_arg(config, arg)

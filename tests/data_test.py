@@ -51,11 +51,11 @@ def test_tool_prompts_are_turns_with_instructions_and_worked_calls():
   # The system prompt and the tool instructions open the first user turn.
   assert prompt.startswith('<start_of_turn>user\n' + config.data.system_prompt)
   assert 'calculator(expression: str)' in prompt
-  # Two worked episodes (a call, its result, the answer), then the question
+  # A worked episode (a call, its result, the answer), then the question
   # and the opened model turn.
-  assert prompt.count('[calculator(expression="') == 3  # With the example.
-  assert prompt.count('<tool_response>\n') == 2
-  assert prompt.count('<start_of_turn>model\n') == 5
+  assert prompt.count('[calculator(expression="') == 2  # With the example.
+  assert prompt.count('<tool_response>\n') == 1
+  assert prompt.count('<start_of_turn>model\n') == 3
   assert prompt.endswith(
       f'<start_of_turn>user\n{question}<end_of_turn>\n<start_of_turn>model\n')
   for shot in prompts.TOOL_FEW_SHOT_EXAMPLES:  # The results are right.

@@ -25,10 +25,10 @@ pretrained model that has answered goes on with the next 'Question:'.
 With tools (`agent.tools`), prompts are Gemma chat turns in either template,
 since calls and results are turns (`agent_tunix.agent.formats`): the system
 prompt and the format's tool instructions open the first user turn (or a
-turn of the format's system role). 'plain' (pretrained presets) adds two
-worked episodes before the question, each a calculator call, its result and
-the final answer (`TOOL_FEW_SHOT_EXAMPLES`; only when the calculator is one
-of the tools); 'chat' gives the instructions alone. Every model turn ends
+turn of the format's system role). 'plain' (pretrained presets) adds a
+worked episode before the question: a calculator call, its result and the
+final answer (`TOOL_FEW_SHOT_EXAMPLES`; only when the calculator is one of
+the tools); 'chat' gives the instructions alone. Every model turn ends
 at `<end_of_turn>`, so no stop text is needed.
 """
 
@@ -57,25 +57,21 @@ FEW_SHOT_EXAMPLES = (
 )
 
 
-# Worked tool episodes for the few-shot prompt with tools: (question,
+# A worked tool episode for the few-shot prompt with tools: (question,
 # calls as (tool, arguments), their results, reasoning, answer). One call
-# each, with a whole expression: the simplest use a model can copy.
+# with a whole expression of three operations (+, * and -): the simplest
+# use a model can copy. One example, not two: with two the 270M preset's
+# prompt outgrows 384 tokens, and prompt plus episode then outgrow its
+# 512-token sliding window, where the update can no longer run a shared
+# prompt once per group (3x slower steps, measured).
 TOOL_FEW_SHOT_EXAMPLES = (
     (
-        'A shop packs 124 boxes with 36 pens in each and sells 980 of the '
-        'pens. How many pens are left?',
-        (('calculator', {'expression': '124 * 36 - 980'}),),
-        ('3484',),
-        '124 * 36 - 980 = 3484 pens are left.',
-        '3484',
-    ),
-    (
-        'A bus drives at 64 km per hour for 13 hours, then at 58 km per hour '
-        'for 9 more hours. How far does it go?',
-        (('calculator', {'expression': '64 * 13 + 58 * 9'}),),
-        ('1354',),
-        'It goes 64 * 13 + 58 * 9 = 1354 km.',
-        '1354',
+        'A shop has 1250 pens. It buys 36 boxes with 24 pens in each and '
+        'sells 980 pens. How many pens does it have now?',
+        (('calculator', {'expression': '1250 + 36 * 24 - 980'}),),
+        ('1134',),
+        '1250 + 36 * 24 - 980 = 1134 pens.',
+        '1134',
     ),
 )
 
