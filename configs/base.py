@@ -251,7 +251,7 @@ def get_config(arg=None):
   # <tool_response>) or 'functiongemma' (FunctionGemma's tool tokens; the
   # tokenizer must have them).
   config.agent.format = 'gemma3'
-  # Text that completes a final answer: a model turn ending with it is over
+  # Text that completes a final answer: a model turn that holds it is over
   # without <end_of_turn> (a pretrained model copying a few-shot prompt
   # seldom writes one), as a turn ending with a well-formed call list is.
   # '' = only <end_of_turn> ends a final turn.

@@ -1086,6 +1086,7 @@ def test_a_non_tool_environment_fits_the_protocol():
     ('I need it. [echo(text="a")]  ', '<end_of_turn>'),
     ('<reasoning>7</reasoning><answer>7</answer>', ''),  # An answer.
     ('<reasoning>7</reasoning><answer>7</answer>\n', ''),
+    ('<reasoning>7</reasoning><answer>7</answer><', ''),  # '><' is a token.
     ('<reasoning>x[1]', None),  # A bracket in running text.
     ('[echo(text="a")', None),  # Not closed yet.
     ('<reasoning>7</reasoning>', None),

@@ -246,8 +246,10 @@ class ToolEnvironment(Environment):
 
   def ends_turn(self, partial_text: str) -> str | None:
     """A turn is complete once it ends with a well-formed call list (closed
-    by the format's call end) or with `answer_end` (closed by nothing)."""
-    if self.answer_end and partial_text.rstrip().endswith(self.answer_end):
+    by the format's call end) or holds `answer_end` (closed by nothing)."""
+    # `in`, not endswith: a token may join answer_end's last character to
+    # the next one ('</answer><' is '</', 'answer', '><' in Gemma's vocab).
+    if self.answer_end and self.answer_end in partial_text:
       return ''
     try:
       calls = self.format.parse(partial_text)
