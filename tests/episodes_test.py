@@ -292,3 +292,37 @@ def test_episode_stats_scalars_and_tool_use_bonus():
   # The bonus goes to episodes with a call that ran without error.
   np.testing.assert_allclose(
       episode_stats.tool_use_bonus(batch, 0.2), [0.2, 0.2, 0.0, 0.0])
+
+
+def test_stop_texts_end_turns_and_leave_masked_holes(tiny_model, prompts):
+  """With stop texts the loop runs in chunks: a turn that a stop text ended
+  mid-chunk leaves the columns sampled after it as pad (holes), which the
+  model never reads again and the trainer skips too."""
+  model, tokenizer = tiny_model
+  roll = rollout.Rollout(model, tokenizer, cache_size=_PROMPT_LEN + _STEPS,
+                         stop_sequences=('e',), decode_chunk_steps=4)
+  envs = []
+
+  def make():
+    envs.append(_Scripted(['\n<start_of_turn>user\nok<end_of_turn>\n'
+                           '<start_of_turn>model\n']))
+    return envs[-1]
+
+  sampler = episodes.EpisodeRollout(roll, make, max_turn_tokens=16,
+                                    max_insert_tokens=32)
+  envs.clear()  # The one made to read its pause texts.
+  out = sampler.generate(prompts, _STEPS, seed=1, temperature=1.0, top_k=0,
+                         top_p=1.0, num_generations=2)
+  holes = 0
+  for i, episode in enumerate(out.episodes):
+    real = out.input_mask[i] > 0
+    last = np.nonzero(real)[0][-1]
+    holes += int((~real[:last + 1]).sum())
+    assert (out.tokens[i][:last + 1][~real[:last + 1]] == PAD).all()
+    if episode.turns >= 2:
+      assert 'e' not in envs[i].seen[0]  # The turn text ends before 'e'.
+  assert holes > 0, 'no turn ended mid-chunk: the test does not test holes'
+  want = _trainer_logps(model, prompts, out, group=2)
+  model_tokens = out.mask > 0
+  np.testing.assert_allclose(out.logps[model_tokens], want[model_tokens],
+                             atol=2e-4)

@@ -428,7 +428,7 @@ class EpisodeRollout:
         end, how = len(turn) - 1, 'pause'
       else:
         end, how = len(turn) - 1, 'cap'
-    if self.rollout.stop_sequences:
+    if self.rollout.stop_sequences and end > 0:
       stop = int(rollout_lib.ending_tokens(
           turn[None, :end], self.end_ids, self.tokenizer,
           self.rollout.stop_sequences)[0])
