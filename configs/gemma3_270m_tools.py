@@ -5,7 +5,8 @@ multi-turn episode in which the model may call `calculator` (Gemma 3's
 Python-style call list; the result comes back as a <tool_response> turn)
 before it answers. The problems need arithmetic a 270M model gets wrong in
 its head (data.difficulty=4: two or three operations on 2- to 4-digit
-numbers). The prompt shows a worked episode: one call and the answer.
+numbers). The prompt shows two worked episodes, each one call and the
+answer, after a short tool list.
 
   python -m agent_tunix.main --config=configs/gemma3_270m_tools.py --workdir=/tmp/tools
 
@@ -24,7 +25,7 @@ def get_config(arg=None):
   config.agent.tools = 'calculator'
   # Two or three operations on 2- to 4-digit numbers.
   config.data.difficulty = 4
-  # The tool instructions and a worked episode: 300-340 tokens. Prompt and
+  # The tool list and two worked episodes: 326-360 tokens. Prompt and
   # episode stay within the model's 512-token sliding window, so the update
   # runs each prompt once per group (grpo.share_prompts).
   config.generation.max_prompt_length = 384
@@ -34,4 +35,11 @@ def get_config(arg=None):
   config.agent.max_turn_tokens = 96
   config.agent.max_tool_output_tokens = 32
   config.generation.kv_cache_size = 512
+  # Sampled closer to the greedy episodes evaluation scores: at 0.9 a
+  # first run's rollouts called the tool in 25-56% of episodes where greedy
+  # decoding called it in 97%.
+  config.generation.temperature = 0.7
+  # A small bonus for a call that ran: without it that run's policy
+  # stopped calling within 13 steps and answered from the prompt's numbers.
+  config.agent.tool_use_bonus = 0.5
   return base.apply_arg(config, arg)

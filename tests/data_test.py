@@ -48,22 +48,27 @@ def test_tool_prompts_are_turns_with_instructions_and_worked_calls():
   config.agent.tools = 'calculator'
   question = 'A van carries 312 crates of 24 cans. How many cans?'
   prompt = prompts.format_prompt(question, config)
-  # The system prompt and the tool instructions open the first user turn.
-  assert prompt.startswith('<start_of_turn>user\n' + config.data.system_prompt)
-  assert 'calculator(expression: str)' in prompt
-  # A worked episode (a call, its result, the answer), then the question
+  # A short tool list opens the first user turn (the worked episodes show
+  # the answer format: no system prompt).
+  assert prompt.startswith('<start_of_turn>user\nTools (call one as in the '
+                           'examples')
+  assert 'calculator(expression): Evaluates' in prompt
+  assert config.data.system_prompt not in prompt
+  # Two worked episodes (a call, its result, the answer), then the question
   # and the opened model turn.
-  assert prompt.count('[calculator(expression="') == 2  # With the example.
-  assert prompt.count('<tool_response>\n') == 1
-  assert prompt.count('<start_of_turn>model\n') == 3
+  assert prompt.count('[calculator(expression="') == 2
+  assert prompt.count('<tool_response>\n') == 2
+  assert prompt.count('<start_of_turn>model\n') == 5
   assert prompt.endswith(
       f'<start_of_turn>user\n{question}<end_of_turn>\n<start_of_turn>model\n')
   for shot in prompts.TOOL_FEW_SHOT_EXAMPLES:  # The results are right.
     expression = shot[1][0][1]['expression']
     assert calculator.calculator(expression) == shot[2][0] == shot[4]
-  # 'chat' (instruction-tuned presets): the instructions, no worked calls.
+  # 'chat' (instruction-tuned presets): the system prompt and the format's
+  # instructions, no worked calls.
   config.data.template = 'chat'
   prompt = prompts.format_prompt(question, config)
+  assert prompt.startswith('<start_of_turn>user\n' + config.data.system_prompt)
   assert 'calculator(expression: str)' in prompt
   assert prompt.count('[calculator(expression="') == 1  # The example only.
   assert prompt.count('<start_of_turn>user\n') == 1
