@@ -1,6 +1,7 @@
 """Tests for agent_tunix.agent: calculator, tools, formats, executor and
 environments of multi-turn tool rollouts."""
 
+import fractions
 import os
 import pathlib
 import re
@@ -88,6 +89,23 @@ def _time_limit():
 ])
 def test_calculator_results(expression, expected):
   assert calc.calculator(expression) == expected
+
+
+@pytest.mark.parametrize('expression, steps', [
+    ('5000 - 15 * 241', [3615, 1385]),
+    ('(2 + 3) * 4', [5, 20]),
+    ('2 ** 3 - 4 / 8', [8, fractions.Fraction(1, 2), fractions.Fraction(15, 2)]),
+    ('-7 % 3', [2]),
+    ('42', []),
+])
+def test_calculator_step_values_in_evaluation_order(expression, steps):
+  assert calc.step_values(expression) == steps
+
+
+def test_calculator_step_values_refuses_like_evaluate():
+  for bad in ('1/0', '2**65', 'x + 1', '__import__("os")'):
+    with pytest.raises(calc.CalculatorError):
+      calc.step_values(bad)
 
 
 @pytest.mark.parametrize('expression, message', [

@@ -193,6 +193,15 @@ def test_parse_answer(raw, expected):
   assert gsm8k.parse_answer(raw) == expected
 
 
+def test_gsm8k_rows_keep_their_worked_solution():
+  row = gsm8k._example('Q?', 'Half is <<48/2=24>>24.\n#### 24')
+  assert row == {'question': 'Q?', 'answer': '24',
+                 'reasoning': 'Half is <<48/2=24>>24.'}
+  # No solution before '####' (or no '####'): no 'reasoning' key.
+  assert gsm8k._example('Q?', '#### 24') == {'question': 'Q?', 'answer': '24'}
+  assert gsm8k._example('Q?', '24') == {'question': 'Q?', 'answer': '24'}
+
+
 def _rows(n, prefix='Q'):
   return [{'problem': f'{prefix}{i} how many?',
            'solution': f'work\n#### {i * 1234:,}', 'other': i}
@@ -388,9 +397,13 @@ def test_batches_are_left_padded_token_arrays():
   assert batch['prompt_tokens'].dtype == np.int32
   assert batch['prompt_tokens'].shape == (4, length)
   assert batch['prompt_mask'].dtype == bool
-  for key in ('prompt', 'question', 'answer'):
+  for key in ('prompt', 'question', 'answer', 'reasoning'):
     assert batch[key].dtype == object and batch[key].shape == (4,)
   for row in range(4):
+    # The synthetic problems' worked solutions ride along (tool_steps
+    # reads them).
+    assert batch['reasoning'][row].endswith(
+        f'The answer is {batch["answer"][row]}.')
     tokens, mask = batch['prompt_tokens'][row], batch['prompt_mask'][row]
     n = int(mask.sum())
     assert mask[length - n:].all() and not mask[:length - n].any()

@@ -16,6 +16,7 @@ from agent_tunix import rewards
 from agent_tunix.rewards import format as format_rewards
 from agent_tunix.rewards import math as math_rewards
 from agent_tunix.rewards import registry
+from agent_tunix.rewards import tool_steps as tool_steps_rewards
 from agent_tunix.rl import evaluation
 
 F = fractions.Fraction
@@ -817,3 +818,47 @@ def test_fuzz_exact_format_and_extraction(reasoning, answer, spaces):
   assert format_rewards.extract_answer(completion) == answer
   assert _one(format_rewards.format_approx, completion) == 2.0
   assert _one(math_rewards.answer_match, completion, answer=answer) == 3.0
+
+
+# ------------------------------------------------------------- tool_steps
+
+_SOLUTION = ('The posters cost 15 * 241 = 3615 dollars. The change is '
+             '5000 - 3615 = 1385 dollars. The answer is 1385.')
+
+
+def _call(expression, name='calculator', error=None):
+  return {'name': name, 'arguments': {'expression': expression},
+          'result': None if error else 'r', 'error': error}
+
+
+@pytest.mark.parametrize('calls, expected', [
+    ([_call('5000 - 15 * 241')], 1.0),
+    ([_call('15 * 241'), _call('5000 - 3615')], 1.0),
+    ([_call('15 * 241 + 5000')], 0.5),
+    ([_call('241 * 89 - 15')], 0.0),
+    ([], 0.0),
+    # Failed calls, other tools and calls without an expression add nothing.
+    ([_call('5000 - 15 * 241', error='timeout')], 0.0),
+    ([_call('5000 - 15 * 241', name='search')], 0.0),
+    ([{'name': 'calculator', 'arguments': {'x': '15 * 241'}, 'error': None}],
+     0.0),
+    ([_call('15 * 241 +')], 0.0),
+])
+def test_tool_steps_pays_the_share_of_reference_steps(calls, expected):
+  score = _one(tool_steps_rewards.tool_steps, 'done', reasoning=_SOLUTION,
+               tool_calls=calls)
+  assert score == expected
+
+
+def test_tool_steps_is_zero_without_reasoning_or_tools():
+  fn = tool_steps_rewards.tool_steps
+  assert _one(fn, 'x', reasoning='', tool_calls=[_call('15 * 241')]) == 0.0
+  assert _one(fn, 'x', reasoning=_SOLUTION) == 0.0
+  assert fn(['p'], ['x']) == [0.0]
+  assert rewards.resolve('tool_steps') is fn
+
+
+def test_tool_steps_reads_gsm8k_annotations():
+  results = tool_steps_rewards.reference_results(
+      'She sold 48/2 = <<48/2=24>>24 clips, then $1,200 = 1,200 more.')
+  assert results == {24, 1200}

@@ -56,10 +56,17 @@ def _as_text(value):
 
 
 def _example(question, answer):
-  return {
+  """{'question', 'answer'}, plus 'reasoning' when the answer text holds a
+  worked solution before its '####' (GSM8K's, with `<<48/2=24>>` steps):
+  tool-aware rewards compare a call's results with its steps."""
+  example = {
       'question': _as_text(question).strip(),
       'answer': parse_answer(answer),
   }
+  text = _as_text(answer)
+  if '####' in text and text.rsplit('####', 1)[0].strip():
+    example['reasoning'] = text.rsplit('####', 1)[0].strip()
+  return example
 
 
 def _gsm8k_split(split):

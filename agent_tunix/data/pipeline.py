@@ -19,7 +19,8 @@ Without it a single file serves both splits: its last data.num_eval_examples
 rows are the eval split and never appear in train.
 
 Batches, per process (training.batch_size // process_count prompts each):
-  'prompt', 'question', 'answer': object arrays of str, shape [b].
+  'prompt', 'question', 'answer', 'reasoning' (the worked solution, '' when
+    the source has none): object arrays of str, shape [b].
   'prompt_tokens': int32 [b, generation.max_prompt_length], BOS first, left
     padded with 0.
   'prompt_mask': bool, same shape, True on real tokens.
@@ -255,6 +256,8 @@ def _prepare(examples, config, tokenizer):
         'prompt': prompt,
         'question': example['question'],
         'answer': example['answer'],
+        # The worked solution where the source has one ('' otherwise).
+        'reasoning': str(example.get('reasoning', '')),
         'prompt_tokens': encoded[0],
         'prompt_mask': encoded[1],
     })
@@ -273,7 +276,7 @@ def _log_dropped(split, dropped, total, config):
 def collate(records):
   """Stacks prompt records into one batch dict (str fields as object arrays)."""
   batch = {}
-  for key in ('prompt', 'question', 'answer'):
+  for key in ('prompt', 'question', 'answer', 'reasoning'):
     column = np.empty((len(records),), dtype=object)
     column[:] = [r[key] for r in records]
     batch[key] = column

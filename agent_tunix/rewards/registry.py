@@ -2,7 +2,7 @@
 
 A registered name can be written in `config.rewards.functions` without a
 module path. The built-in rewards (format_exact, format_approx, answer,
-numbers) are registered when this module is imported, which importing
+numbers, tool_steps) are registered when this module is imported, which importing
 `agent_tunix.rewards` does.
 """
 
@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from agent_tunix.rewards import format as format_lib
 from agent_tunix.rewards import math as math_lib
+from agent_tunix.rewards import tool_steps as tool_steps_lib
 
 RewardFn = Callable[..., Sequence[float]]
 
@@ -81,3 +82,4 @@ register('format_exact')(format_lib.format_exact)
 register('format_approx')(format_lib.format_approx)
 register('answer')(math_lib.answer_match)
 register('numbers')(math_lib.number_match)
+register('tool_steps')(tool_steps_lib.tool_steps)

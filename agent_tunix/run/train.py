@@ -227,6 +227,7 @@ def _score(session, rows, out):
   total, per_fn = session.reward_set(
       list(rows['prompt']), out.texts, answer=list(rows['answer']),
       question=list(rows['question']),
+      reasoning=list(rows.get('reasoning', [''] * len(rows['question']))),
       completion_lengths=out.lengths.tolist(),
       completion_tokens=[
           row[m > 0].tolist() for row, m in zip(out.tokens, out.mask)
