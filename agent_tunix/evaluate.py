@@ -70,7 +70,8 @@ def main(argv):
   if workdir and checkpoint.has_steps(workdir):
     step = train.restore_lora(session, workdir, _STEP.value)
   scores, _, _ = evaluation.evaluate(
-      session.sampler, session.tokenizer, session.eval_set, config
+      session.sampler, session.tokenizer, session.eval_set, config,
+      judge=session.judge,
   )
   sys.stdout.write(json.dumps({
       'step': step, **scores, 'num_questions': len(session.eval_set)

@@ -101,6 +101,20 @@ def get_config(arg=None):
   config.data.num_epochs = 100
   # Grain worker processes (0 = read in the main process).
   config.data.worker_count = 0
+  # 'math' (rows with a numeric answer) or 'rubric' (rows with a checklist
+  # a judge applies, no answer: docs/rubrics.md; sources jsonl, parquet or
+  # 'hf_rubrics', a Hugging Face dataset id in data.path, loaded only when
+  # asked for).
+  config.data.task = 'math'
+  # Column holding a rubric row's checklist (a list of {text, weight} or
+  # strings, RaR's {title, description, weight}, or OpenRubrics' numbered
+  # string).
+  config.data.rubric_column = 'rubric'
+  # Column holding a rubric row's reference answer ('' = none).
+  config.data.reference_column = ''
+  # Put the rubric in the policy's prompt (the original pipeline's
+  # format_prompt(question, rubric)). Hackable: the policy can copy it.
+  config.data.rubric_in_prompt = False
 
   # -------------------------------------------------------------- rewards
   config.rewards = ml_collections.ConfigDict()
@@ -123,6 +137,63 @@ def get_config(arg=None):
   config.rewards.overlong_buffer = 0
   # The overlong penalty at the length limit (DAPO's factor; >= 0).
   config.rewards.overlong_penalty = 1.0
+
+  # ---------------------------------------------------------------- judge
+  # The judge of the rubric_judge reward (docs/rubrics.md).
+  config.judge = ml_collections.ConfigDict()
+  # 'http' (an OpenAI-compatible chat-completions server: vLLM, SGLang,
+  # llama.cpp server, a hosted API) or 'gemma' (a frozen Gemma in this
+  # process, scoring each item as P(yes) vs P(no); no text generation).
+  config.judge.backend = 'http'
+  # http: the server's base URL, e.g. 'http://127.0.0.1:8000/v1'.
+  config.judge.base_url = ''
+  # http: the model name sent with each request.
+  config.judge.model = ''
+  # http: the environment variable holding the API key (the key itself
+  # never enters the config or the logs; unset = no key).
+  config.judge.api_key_env = 'JUDGE_API_KEY'
+  # 'explicit' (a yes/no verdict per item, weighted: S = sum(w * met) /
+  # sum(positive w), clipped to [-1, 1]) or 'implicit' (one 1-10 rating,
+  # (N - 1) / 9).
+  config.judge.aggregation = 'explicit'
+  # http: requests in flight at once (per process).
+  config.judge.max_concurrency = 16
+  # http: seconds per request before it counts as a timeout.
+  config.judge.timeout_s = 60.0
+  # http: retries of a request (timeouts, connection errors, 429 and 5xx,
+  # with exponential backoff that honours Retry-After; unparseable replies
+  # are asked again as often).
+  config.judge.max_retries = 3
+  # http: sampling temperature of the judge.
+  config.judge.temperature = 0.0
+  # http: most tokens a judge reply may have.
+  config.judge.max_tokens = 512
+  # A file with the judge's instructions ('' = the built-in prompt); it may
+  # use {question}, {reference}, {response} and {criteria}.
+  config.judge.prompt_file = ''
+  # Cache of verdicts by content hash: 'none', 'memory', or 'disk' (also
+  # kept in the workdir as judge_cache.jsonl: reused on resume and by
+  # evaluate).
+  config.judge.cache = 'memory'
+  # A judge call that failed after its retries: 'error' stops the run with
+  # one message naming the row, the server and the failure; 'mask' gives
+  # the completion's whole group advantage 0 and counts it.
+  config.judge.on_failure = 'error'
+  # mask: more failed completions than this share of a step's stops the
+  # run as 'error' would.
+  config.judge.max_failure_fraction = 0.25
+  # Before step 1, judge a known-good and a known-bad answer to a canary
+  # question; refuse to start unless both parse and good > bad.
+  config.judge.canary = True
+  # gemma: the judge's weights: '' = the policy's base weights (LoRA off);
+  # else a model preset, read from judge.path with judge.source.
+  config.judge.preset = ''
+  config.judge.source = ''
+  config.judge.path = ''
+  # gemma: completions scored per forward pass.
+  config.judge.batch_size = 16
+  # Characters of a completion the judge sees (the rest is cut and counted).
+  config.judge.max_response_chars = 4000
 
   # ----------------------------------------------------------------- grpo
   config.grpo = ml_collections.ConfigDict()

@@ -264,8 +264,8 @@ def test_a_file_serving_both_splits_is_read_and_reported_once(tmp_path,
                    answer_column='solution', bad_rows='skip',
                    num_train_examples=0, num_eval_examples=3)
   reads = []
-  read_jsonl = gsm8k._read_jsonl
-  monkeypatch.setattr(gsm8k, '_read_jsonl',
+  read_jsonl = gsm8k.read_jsonl
+  monkeypatch.setattr(gsm8k, 'read_jsonl',
                       lambda p: reads.append(p) or read_jsonl(p))
   handler = _Warnings()
   absl_logger = logging.getLogger('absl')

@@ -15,6 +15,7 @@ from agent_tunix.agent import formats
 from agent_tunix.agent import tools
 from agent_tunix.data import gsm8k
 from agent_tunix.data import pipeline
+from agent_tunix.judge import checks as judge_checks
 from agent_tunix.models import gemma
 from agent_tunix.models import gguf
 from agent_tunix.rl import objectives
@@ -180,10 +181,13 @@ def _check_rewards(config):
       f'config.rewards.overlong_penalty={r.overlong_penalty} must be >= 0.',
   )
   try:
-    for name, _ in rewards.parse_spec(r.functions):
+    names = [name for name, _ in rewards.parse_spec(r.functions)]
+    for name in names:
       rewards.resolve(name)  # Imports 'module:function' rewards.
   except ValueError as e:
     raise ConfigError(f'config.rewards.functions: {e}') from e
+  # Rubric rows and the judge (data.task, judge.*).
+  judge_checks.check(config, names, _require)
 
 
 def _check_grpo(config):

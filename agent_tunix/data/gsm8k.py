@@ -144,7 +144,7 @@ def load_hf(split, limit=0):
   return rows
 
 
-def _read_jsonl(path):
+def read_jsonl(path):
   """Returns ([row, ...], ['line N', ...])."""
   rows, where = [], []
   with open(path, encoding='utf-8') as f:
@@ -162,7 +162,7 @@ def _read_jsonl(path):
   return rows, where
 
 
-def _read_parquet(path):
+def read_parquet(path):
   """Returns ([row, ...], ['row N', ...])."""
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
 
@@ -206,7 +206,7 @@ def load_file(path, file_format='jsonl', prompt_column='question',
     ValueError: on an unknown format, a missing column or (with
       bad_rows='error') a bad row.
   """
-  readers = {'jsonl': _read_jsonl, 'parquet': _read_parquet}
+  readers = {'jsonl': read_jsonl, 'parquet': read_parquet}
   if file_format not in readers:
     raise ValueError(
         f'Unknown file format {file_format!r}; expected one of '

@@ -20,7 +20,9 @@ rows are the eval split and never appear in train.
 
 Batches, per process (training.batch_size // process_count prompts each):
   'prompt', 'question', 'answer', 'reasoning' (the worked solution, '' when
-    the source has none): object arrays of str, shape [b].
+    the source has none), 'rubric' (rubric rows' items as a JSON list,
+    '[]' otherwise), 'reference' (a rubric row's reference answer, or ''):
+    object arrays of str, shape [b].
   'prompt_tokens': int32 [b, generation.max_prompt_length], BOS first, left
     padded with 0.
   'prompt_mask': bool, same shape, True on real tokens.
@@ -37,6 +39,7 @@ exact resume, and `grain.checkpoint.CheckpointSave` /
 """
 
 import functools
+import json
 import os
 
 from absl import logging
@@ -45,9 +48,14 @@ import numpy as np
 
 from agent_tunix.data import gsm8k
 from agent_tunix.data import prompts
+from agent_tunix.data import rubrics
 from agent_tunix.data import synthetic
 
-SOURCES = ('synthetic', 'gsm8k_tfds', 'gsm8k_hf', 'jsonl', 'parquet')
+SOURCES = ('synthetic', 'gsm8k_tfds', 'gsm8k_hf', 'jsonl', 'parquet',
+           'hf_rubrics')
+# Sources of rubric rows (data.task='rubric').
+RUBRIC_SOURCES = ('jsonl', 'parquet', 'hf_rubrics')
+TASKS = ('math', 'rubric')
 SPLITS = ('train', 'eval')
 PAD_ID = 0
 # Threads and buffered batches for reading; the data is already in memory.
@@ -120,17 +128,23 @@ def split_path(path, split):
   return path.replace('{split}', 'train' if split == 'train' else 'test')
 
 
+def _rubric_columns(config):
+  return dict(prompt_column=config.data.prompt_column,
+              rubric_column=config.data.rubric_column,
+              reference_column=config.data.reference_column)
+
+
 def _load_local(name, config, split, limit):
   """Loads a split of a local JSONL / parquet file."""
   path = config.data.path
-  columns = dict(
-      file_format=name,
-      prompt_column=config.data.prompt_column,
-      answer_column=config.data.answer_column,
-      bad_rows=config.data.bad_rows,
-  )
+  columns = dict(file_format=name, bad_rows=config.data.bad_rows)
+  if config.data.task == 'rubric':
+    columns.update(_rubric_columns(config), task='rubric')
+  else:
+    columns.update(prompt_column=config.data.prompt_column,
+                   answer_column=config.data.answer_column)
   if '{split}' in path:
-    return gsm8k.load_file(split_path(path, split), limit=limit, **columns)
+    return _load_file(split_path(path, split), limit=limit, **columns)
   rows = _whole_file(path, **columns)
   held_out = config.data.num_eval_examples
   if not 0 < held_out < len(rows):
@@ -163,7 +177,14 @@ def _whole_file(path, **columns):
 @functools.lru_cache(maxsize=2)
 def _cached_file(path, version, columns):
   del version  # Only part of the cache key.
-  return tuple(gsm8k.load_file(path, **dict(columns)))
+  return tuple(_load_file(path, **dict(columns)))
+
+
+def _load_file(path, task='math', **columns):
+  """Math rows (question, answer) or rubric rows of a local file."""
+  if task == 'rubric':
+    return rubrics.load_file(path, **columns)
+  return gsm8k.load_file(path, **columns)
 
 
 def _load_source(name, config, split, limit):
@@ -181,6 +202,9 @@ def _load_source(name, config, split, limit):
     return gsm8k.load_tfds(split, config.data.path or None, limit)
   if name == 'gsm8k_hf':
     return gsm8k.load_hf(split, limit)
+  if name == 'hf_rubrics':
+    return rubrics.load_hf(config.data.path, split, limit,
+                           config.data.bad_rows, **_rubric_columns(config))
   return _load_local(name, config, split, limit)
 
 
@@ -247,7 +271,13 @@ def _prepare(examples, config, tokenizer):
   max_length = config.generation.max_prompt_length
   records, dropped = [], 0
   for example in examples:
-    prompt = prompts.format_prompt(example['question'], config)
+    question = example['question']
+    if config.data.task == 'rubric' and config.data.rubric_in_prompt:
+      # The original pipeline's format_prompt(question, rubric): the policy
+      # sees the checklist its judge applies (hackable, docs/rubrics.md).
+      question = (f'Rubric:\n{rubrics.rubric_text(example["rubric"])}\n\n'
+                  f'{question}')
+    prompt = prompts.format_prompt(question, config)
     encoded = encode_prompt(prompt, tokenizer, max_length)
     if encoded is None:
       dropped += 1
@@ -258,6 +288,9 @@ def _prepare(examples, config, tokenizer):
         'answer': example['answer'],
         # The worked solution where the source has one ('' otherwise).
         'reasoning': str(example.get('reasoning', '')),
+        # Rubric rows: the items (as JSON) and the reference answer.
+        'rubric': json.dumps(example.get('rubric', [])),
+        'reference': str(example.get('reference', '')),
         'prompt_tokens': encoded[0],
         'prompt_mask': encoded[1],
     })
@@ -273,10 +306,15 @@ def _log_dropped(split, dropped, total, config):
     )
 
 
+# The str fields of a batch.
+STR_FIELDS = ('prompt', 'question', 'answer', 'reasoning', 'rubric',
+              'reference')
+
+
 def collate(records):
   """Stacks prompt records into one batch dict (str fields as object arrays)."""
   batch = {}
-  for key in ('prompt', 'question', 'answer', 'reasoning'):
+  for key in STR_FIELDS:
     column = np.empty((len(records),), dtype=object)
     column[:] = [r[key] for r in records]
     batch[key] = column
@@ -353,7 +391,8 @@ def make_train_iterator(config, tokenizer, process_index=0, process_count=1):
 
 
 def eval_examples(config, tokenizer):
-  """Returns the held-out split as [{'prompt', 'question', 'answer'}, ...].
+  """The held-out split as [{'prompt', 'question', 'answer'}, ...] (rubric
+  rows add 'rubric', their items as JSON, and 'reference').
 
   Prompts longer than generation.max_prompt_length tokens (with BOS) are
   dropped and the count is logged.
@@ -361,7 +400,7 @@ def eval_examples(config, tokenizer):
   examples = load_examples(config, 'eval')
   records, dropped = _prepare(examples, config, tokenizer)
   _log_dropped('eval', dropped, len(examples), config)
-  return [
-      {key: r[key] for key in ('prompt', 'question', 'answer')}
-      for r in records
-  ]
+  keys = ('prompt', 'question', 'answer')
+  if config.data.task == 'rubric':
+    keys += ('rubric', 'reference')
+  return [{key: r[key] for key in keys} for r in records]

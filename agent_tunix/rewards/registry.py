@@ -2,7 +2,7 @@
 
 A registered name can be written in `config.rewards.functions` without a
 module path. The built-in rewards (format_exact, format_approx, answer,
-numbers, tool_steps) are registered when this module is imported, which importing
+numbers, tool_steps, rubric_judge, rubric_overlap) are registered when this module is imported, which importing
 `agent_tunix.rewards` does.
 """
 
@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from agent_tunix.rewards import format as format_lib
 from agent_tunix.rewards import math as math_lib
+from agent_tunix.rewards import rubric as rubric_lib
 from agent_tunix.rewards import tool_steps as tool_steps_lib
 
 RewardFn = Callable[..., Sequence[float]]
@@ -83,3 +84,5 @@ register('format_approx')(format_lib.format_approx)
 register('answer')(math_lib.answer_match)
 register('numbers')(math_lib.number_match)
 register('tool_steps')(tool_steps_lib.tool_steps)
+register('rubric_judge')(rubric_lib.rubric_judge)
+register('rubric_overlap')(rubric_lib.rubric_overlap)

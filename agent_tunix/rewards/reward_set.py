@@ -156,6 +156,8 @@ class RewardSet:
     Returns:
       (total, per_fn): `total` is float32 [N], the sum of weight * scores;
       `per_fn` maps each reward name to its unweighted float32 [N] scores.
+      A function marked `maskable` (rubric_judge) may score NaN: the
+      completion is to be masked, and its total is NaN too.
 
     Raises:
       ValueError: if prompts or a list field does not have one entry per
@@ -194,8 +196,12 @@ class RewardSet:
       scores = self._run_one(name, fn, prompts, completions, fields)
       per_fn[name] = scores
       total += np.float32(self._weights[name]) * scores
-    if not np.all(np.isfinite(total)):
-      index = int(np.flatnonzero(~np.isfinite(total))[0])
+    masked = np.zeros([size], bool)
+    for name, scores in per_fn.items():
+      if getattr(self._fns[name], 'maskable', False):
+        masked |= np.isnan(scores)
+    if not np.all(np.isfinite(total) | masked):
+      index = int(np.flatnonzero(~(np.isfinite(total) | masked))[0])
       raise blame.RewardError(
           f'The weighted reward total is not finite at completion {index}: '
           f'{blame.quote(completions[index])}; lower the reward weights.',
@@ -217,6 +223,8 @@ class RewardSet:
     size = len(completions)
     try:
       raw = fn(list(prompts), list(completions), **fields)
+    except blame.RewardError:
+      raise  # It names its culprit (a judge: no per-completion re-calls).
     except Exception as batch_error:  # pylint: disable=broad-exception-caught
       error, cause = blame.blame_completion(
           name, fn, prompts, completions, fields, batch_error
@@ -238,6 +246,9 @@ class RewardSet:
           fn_name=name,
       )
     bad = np.flatnonzero(~np.isfinite(scores))
+    if getattr(fn, 'maskable', False):
+      # NaN marks a completion to mask (a failed judge call, counted).
+      bad = np.flatnonzero(np.isinf(scores))
     if bad.size:
       index = int(bad[0])
       raise blame.RewardError(

@@ -24,6 +24,8 @@ shared prefill (`Rollout.generate(num_generations=k)`), `eval.batch_size //
 k` questions (at least one) per call, also padded.
 """
 
+import json
+
 from absl import logging
 import numpy as np
 
@@ -117,7 +119,25 @@ def tool_scores(episodes):
   }
 
 
-def evaluate(sampler, tokenizer, examples, config, seed=0):
+def rubric_scores(judge, examples, texts):
+  """eval/rubric_score of greedy completions of rubric rows, with its
+  standard error and 95% interval (failed calls masked are left out and
+  counted as rubric_failed)."""
+  tasks = [judge.task(e['question'], e.get('reference', ''), text,
+                      json.loads(e['rubric']))
+           for e, text in zip(examples, texts)]
+  scores = judge.score(tasks)
+  scored = scores[np.isfinite(scores)].astype(np.float64)
+  mean = float(scored.mean()) if scored.size else float('nan')
+  stderr = (float(scored.std(ddof=1) / np.sqrt(scored.size))
+            if scored.size > 1 else 0.0)
+  return {'rubric_score': mean, 'rubric_score_stderr': stderr,
+          'rubric_score_ci95_low': mean - 1.96 * stderr,
+          'rubric_score_ci95_high': mean + 1.96 * stderr,
+          'rubric_failed': float(scores.size - scored.size)}
+
+
+def evaluate(sampler, tokenizer, examples, config, seed=0, judge=None):
   """Evaluates the sampler's current policy on `examples`.
 
   Args:
@@ -127,6 +147,8 @@ def evaluate(sampler, tokenizer, examples, config, seed=0):
     examples: dicts with 'prompt' and 'answer' (pipeline.eval_examples).
     config: the full config (generation, eval sections).
     seed: sampling seed for pass@k.
+    judge: the run's judge; with rubric rows (data.task='rubric') the
+      metrics add rubric_score (`rubric_scores`).
 
   Returns:
     (metrics dict with accuracy, format_accuracy and, when eval.pass_at_k >
@@ -172,6 +194,8 @@ def evaluate(sampler, tokenizer, examples, config, seed=0):
         [is_correct(c, a) for c, a in zip(sampled, np.repeat(answers, k))]
     ).reshape(len(examples), k)
     metrics.update(with_stderr('pass_at_k', hits.any(axis=1)))
+  if judge is not None and config.data.task == 'rubric':
+    metrics.update(rubric_scores(judge, examples, greedy))
   logging.info('Eval on %d questions: %s', len(examples),
                format_scores(metrics))
   if episodes is None:

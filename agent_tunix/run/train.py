@@ -55,6 +55,7 @@ from agent_tunix.run import alarms as alarms_lib
 from agent_tunix.run import checkpoint
 from agent_tunix.run import divergence
 from agent_tunix.run import full_disk
+from agent_tunix.run import judging
 from agent_tunix.run import lock as run_lock
 from agent_tunix.run import resolved_config
 from agent_tunix.tpu import sharding
@@ -82,6 +83,8 @@ class Session:
   # checkpointed in the step's meta).
   kl_coeff: float = 0.0
   alarms: alarms_lib.Monitor = None  # Made by `run`; its state is saved.
+  judge: object = None  # The rubric_judge reward's judge (judging.build).
+  judge_masked_groups: int = 0  # Groups masked since the last step's log.
 
 
 def step_seed(base_seed, step, sampling_round=0):
@@ -136,6 +139,7 @@ def setup(config, workdir, with_data=True):
       hp=grpo.hparams_from_config(config),
       eval_set=pipeline.eval_examples(config, tokenizer),
       kl_coeff=grpo.initial_kl_coeff(config),
+      judge=judging.build(config, workdir, model, tokenizer),
   )
   if with_data:
     session.train_iter, session.data_stats = pipeline.make_train_iterator(
@@ -220,7 +224,7 @@ def _score(session, rows, out):
   `tool_calls` ({name, arguments, result, error} per call), and
   agent.tool_use_bonus is added (logged as reward/tool_use_bonus).
   """
-  fields = {}
+  fields = judging.reward_fields(session, rows)
   if out.episodes is not None:
     fields['transcript'] = [e.transcript for e in out.episodes]
     fields['tool_calls'] = [e.tool_calls for e in out.episodes]
@@ -234,6 +238,9 @@ def _score(session, rows, out):
       ],
       **fields,
   )
+  total, per_fn, masked = judging.mask_failed_groups(
+      total, per_fn, session.config.grpo.num_generations)
+  session.judge_masked_groups += masked
   bonus = session.config.agent.tool_use_bonus
   if out.episodes is not None and bonus > 0:
     per_fn['tool_use_bonus'] = episode_stats.tool_use_bonus(out.episodes, bonus)
@@ -451,6 +458,7 @@ def run_eval(session, writer, step):
   scores, texts, transcripts = evaluation.evaluate(
       session.sampler, session.tokenizer, session.eval_set, session.config,
       seed=step_seed(session.config.training.seed + 1, step),
+      judge=session.judge,
   )
   scalars = {f'eval/{k}': v for k, v in scores.items()}
   if session.alarms is not None:
@@ -564,6 +572,7 @@ def _train(session, ckpt, closing):
       scalars['time/rollout_s'] = t1 - t0
       scalars['time/update_s'] = t2 - t1
       scalars['tokens_per_s'] = gen_tokens / (t2 - t0)
+      scalars.update(judging.step_scalars(session, t2 - t0))
       divergence.check_scalars(step, scalars, config, ckpt)
       scalars.update(session.alarms.update(step, scalars))
       writer.write_scalars(step, scalars)

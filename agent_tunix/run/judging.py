@@ -1,0 +1,78 @@
+"""The judge's part of a training step (data.task='rubric').
+
+  session.judge = judging.build(config, workdir, model, tokenizer)
+  fields = judging.reward_fields(session, rows)     # rubric, reference, judge
+  total, per_fn, masked = judging.mask_failed_groups(total, per_fn, g)
+  scalars.update(judging.step_scalars(session, step_seconds))
+"""
+
+import json
+
+import numpy as np
+
+from agent_tunix.judge import judge as judge_lib
+
+
+def build(config, workdir, model, tokenizer):
+  """The run's judge when a listed reward needs one, else None.
+
+  Runs the canary (judge.canary) before training can start.
+  """
+  if not judge_lib.uses_judge(config):
+    return None
+  judge = judge_lib.from_config(config, workdir, model, tokenizer)
+  if config.judge.canary:
+    judge.canary()
+  return judge
+
+
+def reward_fields(session, rows):
+  """Rubric rows' reward fields: `rubric` (items), `reference`, `judge`."""
+  fields = {}
+  if session.config.data.task == 'rubric':
+    fields['rubric'] = [json.loads(r) for r in rows['rubric']]
+    fields['reference'] = [str(r) for r in rows['reference']]
+  if getattr(session, 'judge', None) is not None:
+    fields['judge'] = session.judge
+  return fields
+
+
+def mask_failed_groups(total, per_fn, g):
+  """Groups with a masked (NaN) completion lose their spread.
+
+  Every completion of such a group gets the group's mean over its scored
+  completions (0 when none was scored), in the total and in each reward,
+  so its advantages are 0: a failed judge call teaches nothing, and never
+  counts as a score of 0.
+
+  Returns:
+    (total, per_fn, number of groups masked).
+  """
+  total = np.asarray(total, np.float32)
+  failed = ~np.isfinite(total)
+  if not failed.any():
+    return total, per_fn, 0
+  groups = failed.reshape(-1, g).any(axis=1)
+
+  def fill(values):
+    values = np.asarray(values, np.float32).reshape(-1, g).copy()
+    for group in np.flatnonzero(groups):
+      scored = values[group][np.isfinite(values[group])]
+      values[group] = scored.mean() if scored.size else 0.0
+    return values.reshape(-1)
+
+  return (fill(total), {k: fill(v) for k, v in per_fn.items()},
+          int(groups.sum()))
+
+
+def step_scalars(session, step_seconds):
+  """judge/* scalars of this process's step (empty without a judge)."""
+  judge = getattr(session, 'judge', None)
+  if judge is None:
+    return {}
+  scalars = judge.take_metrics()
+  scalars['judge/masked_groups'] = float(session.judge_masked_groups)
+  session.judge_masked_groups = 0
+  if step_seconds > 0:
+    scalars['judge/time_share'] = scalars['judge/wall_s'] / step_seconds
+  return scalars
