@@ -461,6 +461,9 @@ def run_eval(session, writer, step):
       judge=session.judge,
   )
   scalars = {f'eval/{k}': v for k, v in scores.items()}
+  if session.judge is not None:  # The evaluation's judge calls.
+    scalars.update({f'eval/{k}': v
+                    for k, v in session.judge.take_metrics().items()})
   if session.alarms is not None:
     scalars.update(session.alarms.after_eval(step, scores))
   writer.write_scalars(step, scalars)

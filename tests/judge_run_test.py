@@ -1,0 +1,76 @@
+"""A tiny-model GRPO run on the shipped rubric rows, judged by the fake
+OpenAI-compatible server (tests/judge_fixtures.py), in process and through
+the CLI."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from agent_tunix.run import train
+from configs import tiny
+from tests import judge_fixtures
+from tests import train_test
+
+_REPO = pathlib.Path(__file__).resolve().parents[1]
+_DATA = str(_REPO / 'data' / 'rubrics' / '{split}.jsonl')
+
+
+def _rubric_config(url, **judge):
+  config = tiny.get_config()
+  config.data.task = 'rubric'
+  config.data.source = 'jsonl'
+  config.data.path = _DATA
+  config.data.reference_column = 'reference_answer'
+  config.rewards.functions = 'rubric_judge=1'
+  config.judge.base_url = url
+  config.judge.model = 'rule-judge'
+  config.judge.timeout_s = 10.0
+  config.judge.update(judge)
+  return config
+
+
+def test_masked_failures_train_on_and_are_counted(tmp_path):
+  # The canary's two calls and step 0's evaluation (2 rows) pass; then
+  # one completion of step 1 fails.
+  with judge_fixtures.FakeJudge(script=['ok'] * 4 + [500]) as server:
+    config = _rubric_config(server.url, on_failure='mask', max_retries=0,
+                            max_concurrency=1, max_failure_fraction=0.5)
+    result = train.train_and_evaluate(config, str(tmp_path))
+  assert result['step'] == 2
+  events = train_test.read_events(tmp_path)
+  masked = {s: float(v[0]) for s, v in events['judge/masked_groups'].items()}
+  assert masked == {1: 1.0, 2: 0.0}
+  assert events['judge/failed/http'][1][0] == 1
+  # 4 completions a step: 2 groups of 2.
+  assert events['judge/requests'][2][0] + (
+      events['judge/cache_hit_rate'][2][0] * 4) == pytest.approx(4)
+  for tag in ('judge/latency_s/p50', 'judge/time_share',
+              'judge/pass_rate/essential', 'reward/rubric_judge/mean'):
+    assert set(events[tag]) == {1, 2}, tag
+  assert 0 < events['judge/time_share'][1][0] < 1
+  assert 'rubric_score' in result['eval']
+  assert -1 <= result['eval']['rubric_score'] <= 1
+  assert sorted(events['eval/rubric_score']) == [0, 2]
+  assert sorted(events['eval/judge/requests']) == [0, 2]
+
+
+def test_cli_a_judge_that_always_fails_exits_with_one_line(tmp_path):
+  with judge_fixtures.FakeJudge(default=500) as server:
+    run = subprocess.run(
+        [sys.executable, '-m', 'agent_tunix.main', '--config=configs/tiny.py',
+         f'--workdir={tmp_path / "w"}', '--config.training.num_steps=2',
+         '--config.data.task=rubric', '--config.data.source=jsonl',
+         f'--config.data.path={_DATA}',
+         '--config.rewards.functions=rubric_judge=1',
+         '--config.judge.backend=http', f'--config.judge.base_url={server.url}',
+         '--config.judge.model=M', '--config.judge.max_retries=1'],
+        cwd=_REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, check=False)
+  assert run.returncode == 1, run.stderr[-2000:]
+  assert 'Traceback' not in run.stderr
+  last = run.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: The judge at ' + server.url), last
+  assert 'HTTP 500' in last
