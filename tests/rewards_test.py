@@ -379,7 +379,8 @@ def test_parse_spec(spec, expected):
         ('answer=1,', 'entry 2 is empty'),
         ('anwser=1', "unknown reward 'anwser'.*Did you mean 'answer'"),
         ('bogus=1', 'Built-in rewards: answer, format_approx, format_exact, '
-                    'numbers; for your own function'),
+                    'numbers, rubric_judge, rubric_overlap, tool_steps; for '
+                    'your own function'),
         ('answer=abc', "'answer=abc': weight 'abc' is not a finite number"),
         ('answer=nan', "weight 'nan' is not a finite number"),
         ('answer=inf', "weight 'inf' is not a finite number"),
@@ -760,8 +761,15 @@ def test_fuzz_never_raises(text, true_answer):
   math_rewards.guess_number(text)
   extracted = format_rewards.extract_answer(text)
   assert extracted is None or extracted in text
+  # Every registered reward on the fields of its rows (rubric_judge asks a
+  # judge: tests/judge_test.py fuzzes nothing over HTTP).
+  rubric = [{'text': true_answer or 'x', 'weight': 1.0, 'category': ''}]
   for name in rewards.registered_names():
-    (score,) = rewards.resolve(name)(['p'], [text], answer=[true_answer])
+    if name == 'rubric_judge':
+      continue
+    (score,) = rewards.resolve(name)(
+        ['p'], [text], answer=[true_answer], rubric=[rubric],
+        reference=[true_answer], question=['q'])
     assert np.isfinite(score)
   assert _one(math_rewards.answer_match, text, answer=true_answer) in (
       3.0, 1.5, 0.5, 0.25, 0.0, -1.0, -1.5)
