@@ -74,3 +74,48 @@ def test_cli_a_judge_that_always_fails_exits_with_one_line(tmp_path):
   last = run.stderr.strip().splitlines()[-1]
   assert last.startswith('error: The judge at ' + server.url), last
   assert 'HTTP 500' in last
+
+
+# ------------------------------------------------- the in-process judge
+
+
+def test_gemma_judge_reads_yes_no_probabilities_from_the_tiny_model():
+  from agent_tunix import models  # pylint: disable=g-import-not-at-top
+  from agent_tunix.judge import gemma_backend  # pylint: disable=g-import-not-at-top
+  from agent_tunix.judge import judge as judge_lib  # pylint: disable=g-import-not-at-top
+  from agent_tunix.rl import logprobs  # pylint: disable=g-import-not-at-top
+  from agent_tunix.tpu import sharding  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  config = tiny.get_config()
+  model, tokenizer = models.build(config, sharding.make_mesh(config.mesh))
+  items = [{'text': "Mentions 'paris'.", 'weight': 2.0, 'category': ''},
+           {'text': 'Gives a wrong city.', 'weight': -1.0,
+            'category': 'pitfall'}]
+  tasks = [{'question': 'Capital of France?', 'reference': '',
+            'response': r, 'items': items} for r in ('Paris.', 'Lyon, I think')]
+  pairs = [(t, i['text']) for t in tasks for i in items]
+  one = gemma_backend.GemmaBackend(model, tokenizer, 1, 'tiny')
+  four = gemma_backend.GemmaBackend(model, tokenizer, 4, 'tiny')
+  p1, p4 = one.item_probabilities(pairs), four.item_probabilities(pairs)
+  # Padding rows and batch size do not change a pair's probability.
+  np.testing.assert_allclose(p1, p4, atol=1e-5)
+  assert ((p1 > 0) & (p1 < 1)).all()
+  # Against a plain forward of the first pair (no padding, no jit).
+  ids = [tokenizer.bos_id()] + list(tokenizer.encode(
+      gemma_backend.item_prompt(tasks[0], items[0]['text'])))
+  tokens = np.asarray([ids], np.int32)
+  hidden = logprobs.final_hidden_states(
+      model, tokens, np.ones_like(tokens, bool), use_lora=False)[:, -1]
+  logits = np.asarray(hidden @ model.embedder.input_embedding[...].T,
+                      np.float64)[0]
+  yes = np.logaddexp.reduce(logits[one._yes])  # pylint: disable=protected-access
+  no = np.logaddexp.reduce(logits[one._no])  # pylint: disable=protected-access
+  assert p1[0] == pytest.approx(1 / (1 + np.exp(no - yes)), abs=1e-4)
+  # The judge's score is the explicit aggregation of the probabilities.
+  judge = judge_lib.Judge(config.judge, four)
+  scores = judge.score([judge.task(t['question'], '', t['response'], items)
+                        for t in tasks])
+  np.testing.assert_allclose(
+      scores, [(2 * p1[0] - p1[1]) / 2, (2 * p1[2] - p1[3]) / 2], atol=1e-5)
+  metrics = judge.take_metrics()
+  assert metrics['judge/requests'] == 2 and 'judge/pass_rate/overall' in metrics

@@ -63,9 +63,6 @@ def check(config, names, require):
             f'config.judge.base_url={j.base_url!r} must start with http:// or '
             'https://.')
   else:
-    require(False, "config.judge.backend='gemma' (the in-process Gemma "
-            'judge) is not available yet; use judge.backend=http with an '
-            'OpenAI-compatible server.')
     require(j.aggregation == 'explicit',
             "config.judge.backend='gemma' scores items (P(yes) vs P(no)); set "
             "judge.aggregation='explicit'.")

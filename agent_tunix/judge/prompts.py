@@ -132,7 +132,8 @@ def parse_rating(reply):
 
 
 def explicit_score(items, met):
-  """S = sum(w * met) / sum(positive w), clipped to [-1, 1].
+  """S = sum(w * met) / sum(positive w), clipped to [-1, 1] (met: booleans
+  or probabilities).
 
   Without positive weights (only pitfalls) the denominator is sum(|w|).
   """
@@ -141,7 +142,8 @@ def explicit_score(items, met):
   denominator = positive if positive > 0 else sum(abs(w) for w in weights)
   if denominator == 0:
     return 0.0
-  score = sum(w for w, m in zip(weights, met) if m) / denominator
+  # `met` may hold probabilities (the Gemma judge): True counts as 1.
+  score = sum(w * float(m) for w, m in zip(weights, met)) / denominator
   return min(1.0, max(-1.0, score))
 
 
