@@ -2,6 +2,7 @@
 the HTTP judge is tests/judge_fixtures.py's fake on 127.0.0.1)."""
 
 import json
+import pathlib
 import socket
 import time
 
@@ -16,6 +17,8 @@ from agent_tunix.judge import prompts
 from agent_tunix.rewards import rubric as rubric_rewards
 from configs import base
 from tests import judge_fixtures
+
+_REPO = pathlib.Path(__file__).resolve().parents[1]
 
 _ITEMS = [
     {'text': "The response gives the answer 'paris'.", 'weight': 5.0,
@@ -352,3 +355,24 @@ def test_rubric_overlap_is_hackable_by_copying_the_rubric():
 def test_rubric_rewards_are_registered():
   assert rewards.resolve('rubric_judge') is rubric_rewards.rubric_judge
   assert rewards.resolve('rubric_overlap') is rubric_rewards.rubric_overlap
+
+
+def test_agreement_of_the_rule_judge_with_the_shipped_labels():
+  """The shipped rows' labels follow the rule the fake judge applies, so
+  it agrees on every verdict; a yes-man agrees only where labels say
+  met."""
+  from agent_tunix.judge import agreement  # pylint: disable=g-import-not-at-top
+  config = base.get_config()
+  config.data.path = str(_REPO / 'data' / 'rubrics' / '{split}.jsonl')
+  config.data.reference_column = 'reference_answer'
+  rows = agreement.labelled_rows(config, 'eval')
+  assert len(rows) == 12
+  with judge_fixtures.FakeJudge() as server:
+    report = agreement.agreement(_make(server.url), rows)
+  assert report['item_agreement'] == 1.0 and report['ranking_accuracy'] == 1
+  assert report['num_verdicts'] == 12 * 3 * 4
+  with judge_fixtures.FakeJudge(default='all_met') as server:
+    report = agreement.agreement(_make(server.url), rows)
+  # Met labels: 2 of 4 items, 3 of 4, 2 of 4 per row -> 7 of 12.
+  assert report['item_agreement'] == pytest.approx(7 / 12)
+  assert report['ranking_accuracy'] == 0
