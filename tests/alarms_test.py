@@ -164,6 +164,21 @@ def test_reward_hacking_fires_when_reward_rises_and_accuracy_falls():
   assert not monitor.fired(30)
 
 
+def test_reward_hacking_on_rubric_rows_watches_the_rubric_score():
+  config = _config(**{'alarms.hacking_reward_rise': 0.5,
+                      'alarms.hacking_accuracy_drop': 0.05})
+  monitor = alarms.Monitor(config)
+  # Accuracy means nothing on rubric rows (always 0 there): the judge's
+  # score of the held-out answers is what the reward stands for.
+  monitor.after_eval(0, {'accuracy': 0.0, 'rubric_score': 0.6})
+  for step in range(1, 11):
+    monitor.update(step, {'reward/mean': 0.1 * step})
+  assert monitor.after_eval(10, {'accuracy': 0.0, 'rubric_score': 0.4}) == {
+      'alarm/reward_hacking': 1.0}
+  assert 'rubric_score fell from 0.6 to 0.4' in monitor.message(
+      alarms.REWARD_HACKING)
+
+
 def test_reward_rise_is_the_least_squares_line_over_the_interval():
   monitor = alarms.Monitor(_config())
   monitor.after_eval(100, {'accuracy': 0.5})

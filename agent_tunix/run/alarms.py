@@ -22,7 +22,8 @@ these holds, logs a warning (what is wrong and what to try) and sets its
     rise = b * (s_last - s_first), where b is the least-squares slope of
     r_s on s: the training reward's fitted change over the interval. Let
     drop = accuracy(e_{k-1}) - accuracy(e_k), the greedy `eval/accuracy`
-    of the two evaluations. The alarm fires when
+    of the two evaluations (on rubric rows, `eval/rubric_score`: the
+    judge reward against the judge's score of greedy held-out answers). The alarm fires when
     rise >= alarms.hacking_reward_rise and
     drop >= alarms.hacking_accuracy_drop: the policy got better at what
     the rewards pay for and worse at what they stand for. Its scalar is
@@ -57,6 +58,7 @@ same verdicts and stop at the same step.
 """
 
 import dataclasses
+import math
 
 from absl import logging
 
@@ -259,9 +261,13 @@ class Monitor:
 
     Args:
       step: the step the evaluation ran after (0: before training).
-      scores: the evaluation's metrics ('accuracy' is read).
+      scores: the evaluation's metrics ('rubric_score' is read when
+        present, else 'accuracy').
     """
-    accuracy = float(scores['accuracy'])
+    metric = 'rubric_score' if 'rubric_score' in scores else 'accuracy'
+    accuracy = float(scores[metric])
+    if not math.isfinite(accuracy):
+      accuracy = 0.0 if self._last_eval is None else self._last_eval[1]
     rise = self.reward_rise()
     why = ''
     if (self._alarms.hacking and self._last_eval is not None
@@ -271,7 +277,7 @@ class Monitor:
           and before - accuracy >= self._alarms.hacking_accuracy_drop):
         why = (f'the training reward rose by {rise:.4g} (fitted) over steps '
                f'{self._fit["first"]}-{self._fit["last"]} while eval '
-               f'accuracy fell from {before:.4g} to {accuracy:.4g} '
+               f'{metric} fell from {before:.4g} to {accuracy:.4g} '
                '(alarms.hacking_reward_rise='
                f'{self._alarms.hacking_reward_rise:g}, '
                'alarms.hacking_accuracy_drop='
