@@ -9,6 +9,10 @@
   print(api.ask(session, 'Ann has 3 pens and buys 4 more. How many pens?'))
   api.export(session, 'merged', '/tmp/run/hf')
 
+Rubric rows train the same way: a config with data.task='rubric', its
+rubric data and a judge (docs/rubrics.md), then `api.ask(session,
+question, rubric=...)`.
+
 Every function works on the `train.Session` that `prepare` builds. The
 workdir holds checkpoints and TensorBoard metrics exactly as
 `python -m agent_tunix.main` writes them: `prepare` on the workdir of an
@@ -25,6 +29,7 @@ import numpy as np
 from agent_tunix import export as export_lib
 from agent_tunix.data import pipeline
 from agent_tunix.data import prompts
+from agent_tunix.data import rubrics
 from agent_tunix.rl import episodes
 from agent_tunix.rl import evaluation
 from agent_tunix.run import lock as run_lock
@@ -79,10 +84,12 @@ def evaluate(session):
 
   Returns:
     {'accuracy', 'format_accuracy', and 'pass_at_k' if eval.pass_at_k > 0},
-    each with its standard error ('accuracy_stderr', ...).
+    each with its standard error ('accuracy_stderr', ...); on rubric rows
+    with a judge also 'rubric_score' (its stderr and 95% interval).
   """
   scores, _, _ = evaluation.evaluate(
-      session.sampler, session.tokenizer, session.eval_set, session.config
+      session.sampler, session.tokenizer, session.eval_set, session.config,
+      judge=session.judge,
   )
   return scores
 
@@ -107,7 +114,7 @@ def export(session, fmt, path, overwrite=False, **kwargs):
   )
 
 
-def ask(session, question, max_new_tokens=None):
+def ask(session, question, max_new_tokens=None, rubric=None):
   """Answers one question greedily with the current policy.
 
   The question is formatted with the run's prompt template
@@ -118,6 +125,9 @@ def ask(session, question, max_new_tokens=None):
     session: from `prepare`.
     question: the question text.
     max_new_tokens: completion length; default eval.max_generation_steps.
+    rubric: a rubric in any shape `data.rubrics.normalise` reads; shown
+      before the question when data.rubric_in_prompt is on (as in
+      training), else ignored.
 
   Returns:
     The completion text (up to, without, the end token); with tools
@@ -137,7 +147,9 @@ def ask(session, question, max_new_tokens=None):
         f'{gen.max_prompt_length} exceeds generation.kv_cache_size='
         f'{gen.kv_cache_size}; ask for fewer tokens or raise kv_cache_size.'
     )
-  prompt = prompts.format_prompt(question, config)
+  items = rubrics.normalise(rubric) if rubric is not None else None
+  prompt = prompts.format_prompt(
+      pipeline.rubric_question(question, items, config), config)
   encoded = pipeline.encode_prompt(
       prompt, session.tokenizer, gen.max_prompt_length
   )

@@ -119,3 +119,24 @@ def test_gemma_judge_reads_yes_no_probabilities_from_the_tiny_model():
       scores, [(2 * p1[0] - p1[1]) / 2, (2 * p1[2] - p1[3]) / 2], atol=1e-5)
   metrics = judge.take_metrics()
   assert metrics['judge/requests'] == 2 and 'judge/pass_rate/overall' in metrics
+
+
+def test_notebook_api_with_rubric_rows(tmp_path):
+  """The original Colab pipeline's shape: a config with rubric data (the
+  rubric in the prompt), train, evaluate, export, ask."""
+  from agent_tunix import api  # pylint: disable=g-import-not-at-top
+  with judge_fixtures.FakeJudge() as server:
+    config = _rubric_config(server.url)
+    config.data.rubric_in_prompt = True
+    config.training.num_steps = 1
+    config.generation.max_prompt_length = 192
+    session = api.prepare(config, str(tmp_path / 'run'))
+    assert 'Rubric:\n1. ' in session.eval_set[0]['prompt']
+    api.train(session)
+    scores = api.evaluate(session)
+    assert -1 <= scores['rubric_score'] <= 1
+    api.export(session, 'peft', str(tmp_path / 'peft'))
+    text = api.ask(session, 'What is the capital of Japan?',
+                   rubric=["The response gives the answer 'tokyo'."])
+  assert isinstance(text, str)
+  assert (tmp_path / 'peft').exists()

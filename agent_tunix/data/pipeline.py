@@ -266,18 +266,26 @@ def encode_prompt(text, tokenizer, max_length):
   return tokens, mask
 
 
+def rubric_question(question, items, config):
+  """The question, after its rubric when data.rubric_in_prompt is on.
+
+  The original pipeline's format_prompt(question, rubric): the policy sees
+  the checklist its judge applies (hackable, docs/rubrics.md).
+  """
+  if not (items and config.data.task == 'rubric'
+          and config.data.rubric_in_prompt):
+    return question
+  return f'Rubric:\n{rubrics.rubric_text(items)}\n\n{question}'
+
+
 def _prepare(examples, config, tokenizer):
   """Formats and tokenises; returns (records, number dropped as too long)."""
   max_length = config.generation.max_prompt_length
   records, dropped = [], 0
   for example in examples:
-    question = example['question']
-    if config.data.task == 'rubric' and config.data.rubric_in_prompt:
-      # The original pipeline's format_prompt(question, rubric): the policy
-      # sees the checklist its judge applies (hackable, docs/rubrics.md).
-      question = (f'Rubric:\n{rubrics.rubric_text(example["rubric"])}\n\n'
-                  f'{question}')
-    prompt = prompts.format_prompt(question, config)
+    prompt = prompts.format_prompt(
+        rubric_question(example['question'], example.get('rubric'), config),
+        config)
     encoded = encode_prompt(prompt, tokenizer, max_length)
     if encoded is None:
       dropped += 1
