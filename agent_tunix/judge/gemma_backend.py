@@ -70,6 +70,9 @@ def _bucket(length):
 class GemmaBackend:
   """Judges tasks with a frozen Gemma's P(yes) vs P(no) per item."""
 
+  canary_hint = ('use a larger judge (judge.preset, judge.source, '
+                 'judge.path) or judge.backend=http')
+
   def __init__(self, model, tokenizer, batch_size, name, use_lora=False):
     self._tokenizer = tokenizer
     self._batch_size = int(batch_size)

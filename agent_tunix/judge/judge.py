@@ -220,8 +220,8 @@ class Judge:
       raise JudgeError(
           f'The judge at {self.backend.where} failed its canary: it scored a '
           f'right answer {good.score:.3g} and a wrong one {bad.score:.3g} '
-          '(the right one must score higher); check judge.model and the '
-          'prompt (judge.canary=False skips this check).')
+          f'(the right one must score higher); {self.backend.canary_hint} '
+          '(judge.canary=False skips this check).')
     logging.info('Judge canary passed at %s: good %.3g > bad %.3g.',
                  self.backend.where, good.score, bad.score)
 

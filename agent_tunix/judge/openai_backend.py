@@ -27,6 +27,8 @@ _NO_KEY = 'EMPTY'
 class OpenAIBackend:
   """Judges tasks through an OpenAI-compatible server."""
 
+  canary_hint = 'check judge.model and the prompt (judge.prompt_file)'
+
   def __init__(self, judge_config, template=None):
     import openai  # pylint: disable=g-import-not-at-top
     import httpx2  # pylint: disable=g-import-not-at-top  # openai's HTTP.
