@@ -36,6 +36,11 @@ batch, micro-batching, remat, LoRA and KV cache:
                    every checkpoint save (divergence.check_state)
   update           grpo.TRAIN_STEP: gradient over the micro-batches and the
                    optimizer step
+  judge            gemma_backend.answer_logps_program, when the rubric_judge
+                   reward's judge is the in-process Gemma on the policy's
+                   weights (judge.backend=gemma, judge.preset ''):
+                   judge.batch_size prompts of the longest length bucket,
+                   called for 8 rubric items per completion a step
 
 For each program, per chip, from the TPU compiler (`memory_analysis()`):
 argument, output, temporary and code bytes; their total, plus the state
@@ -94,6 +99,8 @@ from tunix.models.gemma3 import model as gemma3_lib
 
 from agent_tunix import cli
 from agent_tunix.config import validation
+from agent_tunix.judge import gemma_backend
+from agent_tunix.judge import judge as judge_lib
 from agent_tunix.models import gemma
 from agent_tunix.models import lora
 from agent_tunix.rl import episodes
@@ -104,7 +111,12 @@ from agent_tunix.tpu import sharding
 from agent_tunix.tpu import topology as tpu_topology
 
 PROGRAMS = ('rollout_prefill', 'rollout_decode', 'reference_logps',
-            'policy_logps', 'update')
+            'policy_logps', 'update', 'judge')
+# Rubric items per row the judge program's calls per step assume.
+JUDGE_ITEMS_PER_ROW = 8
+# Tokens of a judge prompt besides the question and the response: the
+# item, the reference answer and the fixed text.
+_JUDGE_OVERHEAD_TOKENS = 128
 # The `function` of the rollout_decode row with episodes (agent.tools or
 # agent.environment).
 EPISODE_DECODE = 'episodes.EpisodeRollout.decode_fn'
@@ -610,8 +622,38 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
     compiler('update', grpo.TRAIN_STEP(graphdefs), (*arrays, batch),
              {'hp': hp}, g.num_iterations, 0, micro_batches,
              function='grpo.TRAIN_STEP')
+  if 'judge' in programs and uses_gemma_judge(config):
+    _compile_judge(config, mesh, model, compiler, opt_bytes)
   results = [p for p in compiler.programs if p.name in programs]
   return results, compiler.skipped
+
+
+def uses_gemma_judge(config):
+  """True when the run's rubric_judge is the in-process Gemma on the
+  policy's own weights (the judge program the preflight compiles)."""
+  return (judge_lib.uses_judge(config) and config.judge.backend == 'gemma'
+          and not config.judge.preset)
+
+
+def _compile_judge(config, mesh, model, compiler, resident_bytes):
+  """The Gemma judge's forward: judge.batch_size prompts of the longest
+  bucket a prompt + completion + item can reach, replicated as the
+  judge's host arrays are."""
+  gen, j = config.generation, config.judge
+  length = gemma_backend.bucket_length(
+      gen.max_prompt_length + gen.max_generation_steps
+      + _JUDGE_OVERHEAD_TOKENS)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype,
+                                                   sharding=replicated)
+  fn, state = gemma_backend.answer_logps_program(model)
+  rows = config.training.batch_size * config.grpo.num_generations
+  calls = math.ceil(rows * JUDGE_ITEMS_PER_ROW / j.batch_size)
+  compiler('judge', fn,
+           (state, spec((j.batch_size, length), jnp.int32),
+            spec((j.batch_size, length), jnp.bool_), spec((4,), jnp.int32)),
+           {'use_lora': False}, calls, resident_bytes,
+           function='gemma_backend.answer_logps_program')
 
 
 # Compile children run this; argv[1] is the descriptor their events go to.
@@ -627,7 +669,8 @@ def runs(config, programs=PROGRAMS):
   """The `programs` the config runs, in PROGRAMS order."""
   hp = grpo.hparams_from_config(config)
   return [p for p in PROGRAMS if p in programs and
-          (p != 'reference_logps' or hp.needs_reference)]
+          (p != 'reference_logps' or hp.needs_reference) and
+          (p != 'judge' or uses_gemma_judge(config))]
 
 
 def compile_isolated(config, topology, usable, programs=PROGRAMS,

@@ -81,6 +81,26 @@ def _by_name(result):
   return {p['name']: p for p in result['programs']}
 
 
+def test_the_gemma_judge_compiles_with_the_policy_programs():
+  config = _tiny(**{'training.batch_size': 4,
+                    'training.micro_batch_size': 2,
+                    'data.task': 'rubric', 'data.source': 'jsonl',
+                    'data.path': str(_REPO / 'data' / 'rubrics' /
+                                     '{split}.jsonl'),
+                    'rewards.functions': 'rubric_judge=1',
+                    'judge.backend': 'gemma', 'judge.batch_size': 8})
+  assert 'judge' in preflight.runs(config)
+  result = preflight.run(config, 'v5e:2x2', programs=('judge',))
+  (judge,) = result['programs']
+  assert judge['name'] == 'judge' and judge['fits']
+  assert judge['function'] == 'gemma_backend.answer_logps_program'
+  assert judge['flops'] > 0 and judge['argument_bytes'] > 0
+  # 4 prompts x 2 completions x 8 items, 8 pairs a call.
+  assert judge['calls_per_step'] == 8
+  # Without the Gemma judge there is no such program.
+  assert 'judge' not in preflight.runs(_tiny())
+
+
 def test_tiny_programs_compile_for_one_host():
   config = _tiny(**{'training.batch_size': 4,
                     'training.micro_batch_size': 2})

@@ -31,6 +31,7 @@ import numpy as np
 from agent_tunix.data import pipeline
 from agent_tunix.judge import prompts
 from agent_tunix.judge import verdicts as verdicts_lib
+from agent_tunix.rl import grpo
 from agent_tunix.rl import logprobs
 
 _YES = (' yes', ' Yes')
@@ -51,6 +52,36 @@ def item_prompt(task, item_text):
           'Answer:')
 
 
+def _answer_logps(graphdefs, state, tokens, mask, ids, use_lora):
+  """[B, len(ids)] next-token log-probs of `ids` after each prompt row."""
+  module = nnx.merge(graphdefs[0], state, copy=True)
+  hidden = logprobs.final_hidden_states(module, tokens, mask,
+                                        use_lora=use_lora)[:, -1]
+  embedding = module.embedder.input_embedding[...]
+  logits = jnp.einsum('bd,vd->bv', hidden, embedding,
+                      preferred_element_type=jnp.float32)
+  return jax.nn.log_softmax(logits, axis=-1)[:, ids]
+
+
+_ANSWER_LOGPS = grpo.GraphJit(_answer_logps, static_argnames=('use_lora',))
+
+
+def answer_logps_program(model):
+  """(jitted fn, model state): fn(state, tokens [B, L], mask [B, L],
+  ids [K], use_lora=) -> [B, K] log-probs of the next token. The program
+  the judge runs; the preflight compiles it."""
+  graphdef, state = nnx.split(model)
+  return _ANSWER_LOGPS((graphdef,)), state
+
+
+def bucket_length(length):
+  """The padded length of a prompt of `length` tokens (power of two)."""
+  size = _MIN_BUCKET
+  while size < length:
+    size *= 2
+  return size
+
+
 def _single_token_ids(tokenizer, words):
   ids = []
   for word in words:
@@ -58,13 +89,6 @@ def _single_token_ids(tokenizer, words):
     if len(encoded) == 1:
       ids.append(encoded[0])
   return sorted(set(ids))
-
-
-def _bucket(length):
-  size = _MIN_BUCKET
-  while size < length:
-    size *= 2
-  return size
 
 
 class GemmaBackend:
@@ -84,8 +108,7 @@ class GemmaBackend:
       raise ValueError(
           f"The judge's tokenizer has no single-token ' yes' / ' no' "
           f'(yes ids {self._yes}, no ids {self._no}); use judge.backend=http.')
-    self._graphdef, self._state = nnx.split(model)
-    self._program = jax.jit(self._answer_logps, static_argnames=('use_lora',))
+    self._program, self._state = answer_logps_program(model)
 
   @classmethod
   def from_config(cls, config, model, tokenizer):
@@ -110,16 +133,6 @@ class GemmaBackend:
         judge_config, sharding.model_mesh(model))
     return cls(judge_model, judge_tokenizer, j.batch_size, j.preset)
 
-  def _answer_logps(self, state, tokens, mask, ids, use_lora):
-    """[B, len(ids)] next-token log-probs of `ids` after each prompt."""
-    module = nnx.merge(self._graphdef, state, copy=True)
-    hidden = logprobs.final_hidden_states(module, tokens, mask,
-                                          use_lora=use_lora)[:, -1]
-    embedding = module.embedder.input_embedding[...]
-    logits = jnp.einsum('bd,vd->bv', hidden, embedding,
-                        preferred_element_type=jnp.float32)
-    return jax.nn.log_softmax(logits, axis=-1)[:, ids]
-
   def _encode(self, text):
     ids = [self._tokenizer.bos_id()] + [
         int(t) for t in self._tokenizer.encode(text)]
@@ -133,7 +146,7 @@ class GemmaBackend:
     out = np.zeros([len(encoded)], np.float64)
     for start in range(0, len(encoded), self._batch_size):
       rows = encoded[start:start + self._batch_size]
-      length = _bucket(max(len(r) for r in rows))
+      length = bucket_length(max(len(r) for r in rows))
       tokens = np.full([self._batch_size, length], pipeline.PAD_ID, np.int32)
       mask = np.zeros([self._batch_size, length], bool)
       for i, row in enumerate(rows):
