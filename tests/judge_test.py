@@ -376,3 +376,108 @@ def test_agreement_of_the_rule_judge_with_the_shipped_labels():
   # Met labels: 2 of 4 items, 3 of 4, 2 of 4 per row -> 7 of 12.
   assert report['item_agreement'] == pytest.approx(7 / 12)
   assert report['ranking_accuracy'] == 0
+
+
+# -------------------------------------------------------- rubric data
+
+
+def _rubric_data_config(**data):
+  config = base.get_config()
+  config.data.task = 'rubric'
+  config.data.source = 'jsonl'
+  config.data.path = str(_REPO / 'data' / 'rubrics' / '{split}.jsonl')
+  config.data.reference_column = 'reference_answer'
+  config.data.num_train_examples = 0
+  config.data.num_eval_examples = 0
+  config.rewards.functions = 'rubric_overlap=1'
+  config.data.update(data)
+  return config
+
+
+def test_shipped_rubric_rows_load_as_items():
+  from agent_tunix.data import pipeline  # pylint: disable=g-import-not-at-top
+  config = _rubric_data_config()
+  train = pipeline.load_examples(config, 'train')
+  evals = pipeline.load_examples(config, 'eval')
+  assert (len(train), len(evals)) == (36, 12)
+  row = train[0]
+  assert row['answer'] == '' and row['reference'] == 'Carbon dioxide.'
+  assert [i['category'] for i in row['rubric']] == [
+      'essential', 'important', 'optional', 'pitfall']
+  assert [i['weight'] for i in row['rubric']] == [5.0, 2.0, 1.0, -2.0]
+
+
+def test_bad_rubric_rows_are_named_or_skipped(tmp_path):
+  from agent_tunix.data import gsm8k  # pylint: disable=g-import-not-at-top
+  from agent_tunix.data import pipeline  # pylint: disable=g-import-not-at-top
+  rows = [{'question': 'Q1', 'rubric': ['a']}, {'question': 'Q2', 'rubric': []},
+          {'question': '', 'rubric': ['b']}, {'question': 'Q4', 'rubric': 'c'}]
+  (tmp_path / 'rows.jsonl').write_text(
+      ''.join(json.dumps(r) + '\n' for r in rows))
+  config = _rubric_data_config(path=str(tmp_path / 'rows.jsonl'),
+                               num_eval_examples=1, reference_column='')
+  with pytest.raises(gsm8k.DataError,
+                     match=r'line 2: its rubric cannot be read: the rubric '
+                           'has no items'):
+    pipeline.load_examples(config, 'train')
+  config.data.bad_rows = 'skip'
+  pipeline._cached_file.cache_clear()  # pylint: disable=protected-access
+  assert [e['question'] for e in pipeline.load_examples(config, 'train')] == [
+      'Q1']
+
+
+def test_rubric_in_prompt_shows_the_items_before_the_question():
+  from agent_tunix.data import pipeline  # pylint: disable=g-import-not-at-top
+  items = rubrics.normalise(['Says Paris', 'Is short'])
+  config = _rubric_data_config(rubric_in_prompt=True)
+  assert pipeline.rubric_question('Q?', items, config) == (
+      'Rubric:\n1. Says Paris\n2. Is short\n\nQ?')
+  config.data.rubric_in_prompt = False
+  assert pipeline.rubric_question('Q?', items, config) == 'Q?'
+
+
+def test_hf_rubrics_load_through_datasets_and_errors_are_errors(monkeypatch):
+  import datasets  # pylint: disable=g-import-not-at-top
+  rows = [{'question': 'Q', 'reference_answer': 'A', 'rubric': [
+      {'title': 't', 'description': 'Essential Criteria: Says A.',
+       'weight': 5}]}]
+  asked = []
+
+  def fake_load(dataset_id, split):
+    asked.append((dataset_id, split))
+    if split != 'test':
+      raise ValueError(f'no split {split}')
+    return datasets.Dataset.from_list(rows)
+
+  monkeypatch.setattr(datasets, 'load_dataset', fake_load)
+  examples = rubrics.load_hf('ScaleAI/RaR-Science', 'eval',
+                             reference_column='reference_answer')
+  assert examples == [{'question': 'Q', 'answer': '', 'reference': 'A',
+                       'rubric': [{'text': 'Says A.', 'weight': 5.0,
+                                   'category': 'essential'}]}]
+  assert asked == [('ScaleAI/RaR-Science', 'test')]
+  with pytest.raises(RuntimeError, match='tried .*train.*: train: no split'):
+    rubrics.load_hf('ScaleAI/RaR-Science', 'train')
+
+
+@pytest.mark.parametrize('fields, message', [
+    ({'rewards.functions': 'answer=1'}, "lists \\['answer'\\], which score"),
+    ({'data.source': 'synthetic'}, "data.source \\['synthetic'\\] does not"),
+    ({'data.task': 'math'}, "rubric_overlap'\\], which need rubric rows"),
+    ({'data.task': 'essay'}, "data.task='essay' is not one of"),
+    ({'rewards.functions': 'rubric_judge=1'}, 'judge.base_url is empty'),
+    ({'rewards.functions': 'rubric_judge=1', 'judge.base_url': 'x:1',
+      'judge.model': 'm'}, 'must start with http'),
+    ({'rewards.functions': 'rubric_judge=1', 'judge.backend': 'gemma',
+      'judge.aggregation': 'implicit'}, 'set judge.aggregation'),
+    ({'rewards.functions': 'rubric_judge=1', 'judge.backend': 'gemma',
+      'judge.max_failure_fraction': 2.0}, 'between 0 and 1'),
+])
+def test_config_refuses_mismatched_rows_rewards_and_judges(fields, message):
+  from agent_tunix.config import validation  # pylint: disable=g-import-not-at-top
+  config = _rubric_data_config()
+  for dotted, value in fields.items():
+    section, name = dotted.split('.')
+    config[section][name] = value
+  with pytest.raises(validation.ConfigError, match=message):
+    validation.validate(config, num_devices=1)
