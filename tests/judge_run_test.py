@@ -55,6 +55,9 @@ def test_masked_failures_train_on_and_are_counted(tmp_path):
   assert -1 <= result['eval']['rubric_score'] <= 1
   assert sorted(events['eval/rubric_score']) == [0, 2]
   assert sorted(events['eval/judge/requests']) == [0, 2]
+  # Sample texts show the judge's verdicts.
+  sample = events['samples'][1][0].item().decode()
+  assert '[judge failed (http): HTTP 500' in sample  # Step 1's row 0.
 
 
 def test_cli_a_judge_that_always_fails_exits_with_one_line(tmp_path):

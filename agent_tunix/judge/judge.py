@@ -79,6 +79,7 @@ class Judge:
     if self._cache_path and os.path.exists(self._cache_path):
       self._load_cache()
     self._reset_metrics()
+    self.last_verdicts = []
 
   # ----------------------------------------------------------------- cache
   def _key(self, task):
@@ -172,6 +173,7 @@ class Judge:
         judge.max_failure_fraction of the calls failed.
     """
     verdict_list = self.verdicts(tasks)
+    self.last_verdicts = verdict_list  # For the sample texts.
     failed = [i for i, v in enumerate(verdict_list) if v.failure]
     if failed:
       index = failed[0]
@@ -196,6 +198,18 @@ class Judge:
                       _one_line(verdict.detail, 120))
     return np.asarray(
         [np.nan if v.failure else v.score for v in verdict_list], np.float32)
+
+  def describe(self, index):
+    """The last scored batch's verdicts on completion `index`, as text
+    ('judge 0.62: 1 met, 2 not met, ...'), or '' when there is none."""
+    if not 0 <= index < len(self.last_verdicts):
+      return ''
+    verdict = self.last_verdicts[index]
+    if verdict.failure:
+      return f'judge failed ({verdict.failure}): {_one_line(verdict.detail)}'
+    marks = ', '.join(f'{i} {"met" if m else "not met"}'
+                      for i, m in enumerate(verdict.met or [], 1))
+    return f'judge {verdict.score:.3g}' + (f': {marks}' if marks else '')
 
   def canary(self):
     """Refuses a judge that cannot tell a good answer from a bad one.

@@ -4,6 +4,7 @@
   fields = judging.reward_fields(session, rows)     # rubric, reference, judge
   total, per_fn, masked = judging.mask_failed_groups(total, per_fn, g)
   scalars.update(judging.step_scalars(session, step_seconds))
+  texts = judging.annotate(session, texts)            # + the verdicts
 """
 
 import json
@@ -63,6 +64,14 @@ def mask_failed_groups(total, per_fn, g):
 
   return (fill(total), {k: fill(v) for k, v in per_fn.items()},
           int(groups.sum()))
+
+
+def annotate(session, texts):
+  """Sample texts with the judge's verdicts on each (rubric rows)."""
+  judge = getattr(session, 'judge', None)
+  if judge is None or len(judge.last_verdicts) != len(texts):
+    return texts
+  return [f'{t}\n\n[{judge.describe(i)}]' for i, t in enumerate(texts)]
 
 
 def step_scalars(session, step_seconds):

@@ -190,7 +190,7 @@ def rollout_batch(session, batch, step):
       'sampler_logps': out.logps,
   }
   grpo.set_optional_inputs(update, config, total, session.kl_coeff)
-  samples = (prompts, _sample_texts(out), total)
+  samples = (prompts, judging.annotate(session, _sample_texts(out)), total)
   return update, scalars, samples, gen_tokens
 
 
