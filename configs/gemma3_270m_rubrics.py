@@ -10,7 +10,7 @@ off) for P(yes) on every item. No server, no network:
 
 The judge's agreement with the rows' labelled verdicts:
 
-  python -m agent_tunix.judge.agreement --config=configs/gemma3_270m_rubrics.py
+  python -m agent_tunix.judge_agreement --config=configs/gemma3_270m_rubrics.py
 
 Measured (2-core CPU, 50 s): the pretrained 270M is not a judge. It agrees
 with 61.8% of the 144 labelled item verdicts of the 12 held-out rows

@@ -17,6 +17,7 @@ LAYERS = (
     ('run', ('run',)),
     ('observe', ('observe',)),
     ('config', ('config',)),
+    ('judge', ('judge',)),
     ('rl', ('rl',)),
     ('bottom', ('agent', 'data', 'models', 'rewards', 'tpu')),
 )

@@ -1,6 +1,6 @@
 r"""How often the configured judge agrees with labelled verdicts, as JSON.
 
-  python -m agent_tunix.judge.agreement --config=configs/gemma3_270m_rubrics.py
+  python -m agent_tunix.judge_agreement --config=configs/gemma3_270m_rubrics.py
 
 Reads the rubric rows of data.path's eval split that carry `labels`, a
 list of {"response": ..., "met": [bool per rubric item]} (the shipped
