@@ -44,6 +44,17 @@ SAFE_FIELDS = (
     'grpo.logps_chunk_size',
     'grpo.share_prompts',
     'data.worker_count',
+    # Where and how the judge is reached, not what it judges.
+    'judge.base_url',
+    'judge.api_key_env',
+    'judge.max_concurrency',
+    'judge.timeout_s',
+    'judge.max_retries',
+    'judge.cache',
+    'judge.canary',
+    'judge.on_failure',
+    'judge.max_failure_fraction',
+    'judge.batch_size',
     # What a divergence error suggests changing before a rerun.
     'optimizer.learning_rate',
     'optimizer.warmup_ratio',
