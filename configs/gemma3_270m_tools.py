@@ -42,12 +42,6 @@ def get_config(arg=None):
   # A small bonus for a call that ran: without it that run's policy
   # stopped calling within 13 steps and answered from the prompt's numbers.
   config.agent.tool_use_bonus = 0.5
-  # Partial credit for calls that compute the worked solution's steps
-  # (rewards/tool_steps.py): with the outcome rewards alone, half to all of
-  # a step's groups scored alike (4 completions, 2-5% of rollouts right).
-  config.rewards.functions = (
-      'format_exact=0.5,format_approx=0.25,answer=1,numbers=3,tool_steps=2'
-  )
   # No KL term (as DAPO and Dr. GRPO): a short run stays near the base,
   # and dropping it skips the reference log-prob pass (a forward over every
   # episode) in each step.
