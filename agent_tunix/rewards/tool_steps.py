@@ -23,9 +23,12 @@ calls to other tools and calls without an `expression` argument add
 nothing. An example without a worked solution, or an episode without
 tools, scores 0.0.
 
-The answer still decides: a right final number earns the `answer` and
-`numbers` rewards too, so with the weights of configs/gemma3_270m_tools.py
-no amount of partial credit outweighs it.
+Opt-in (rewards.functions `tool_steps=W`). Measured on
+configs/gemma3_270m_tools.py with weight 2: every group then had a reward
+spread, but held-out accuracy fell from 8.2% to 1.2% in 36 steps, because
+the 270M copies the prompt's `a * b + c * d` call shape and that shape's
+first product is often a reference step: the partial credit paid the
+template (docs/rewards.md).
 """
 
 from collections.abc import Mapping, Sequence
