@@ -55,6 +55,8 @@ def test_masked_failures_train_on_and_are_counted(tmp_path):
   assert -1 <= result['eval']['rubric_score'] <= 1
   assert sorted(events['eval/rubric_score']) == [0, 2]
   assert sorted(events['eval/judge/requests']) == [0, 2]
+  # The canary's two calls are not counted as the evaluation's retries.
+  assert events['eval/judge/retries'][0][0] == 0
   # Sample texts show the judge's verdicts.
   sample = events['samples'][1][0].item().decode()
   assert '[judge failed (http): HTTP 500' in sample  # Step 1's row 0.

@@ -223,6 +223,8 @@ class Judge:
       good, bad = self.backend.judge(tasks)
     finally:
       self._cache = saved
+      if hasattr(self.backend, 'take_http_requests'):
+        self.backend.take_http_requests()  # Not the run's requests.
     for name, verdict in (('good', good), ('bad', bad)):
       if verdict.failure:
         raise JudgeError(
