@@ -361,7 +361,7 @@ def test_agreement_of_the_rule_judge_with_the_shipped_labels():
   """The shipped rows' labels follow the rule the fake judge applies, so
   it agrees on every verdict; a yes-man agrees only where labels say
   met."""
-  from agent_tunix import judge_agreement as agreement  # pylint: disable=g-import-not-at-top
+  from agent_tunix.judge import agreement  # pylint: disable=g-import-not-at-top
   config = base.get_config()
   config.data.path = str(_REPO / 'data' / 'rubrics' / '{split}.jsonl')
   config.data.reference_column = 'reference_answer'
