@@ -156,7 +156,7 @@ def rubric_text(items):
   return '\n'.join(f'{i}. {item["text"]}' for i, item in enumerate(items, 1))
 
 
-def _example(row, where, columns):
+def _example(row, columns):
   """A rubric row as an example, or (None, why) when it cannot train."""
   question = row.get(columns['prompt_column'])
   question = '' if question is None else str(question).strip()
@@ -170,7 +170,6 @@ def _example(row, where, columns):
   if columns['reference_column']:
     value = row.get(columns['reference_column'])
     reference = '' if value is None else str(value).strip()
-  del where
   return {'question': question, 'answer': '', 'rubric': items,
           'reference': reference}, ''
 
@@ -207,7 +206,7 @@ def examples_from_rows(rows, where, source, prompt_column='question',
           f'{source} {where[index]} has no column(s) {missing}; it has '
           f'{sorted(row)}. Set data.prompt_column / data.rubric_column to '
           'the question and rubric columns.')
-    example, problem = _example(row, where[index], columns)
+    example, problem = _example(row, columns)
     if problem and bad_rows == 'error':
       raise gsm8k.DataError(
           f'{source} {where[index]}: {problem}. Fix or remove the row, or '

@@ -129,7 +129,7 @@ class Judge:
     for i, key in enumerate(keys):
       if self._cache is not None and key in self._cache:
         score, met = self._cache[key]
-        out[i] = verdicts_lib.Verdict(score, met=met, cached=True)
+        out[i] = verdicts_lib.Verdict(score, met=met)
       else:
         todo.append(i)
     # Identical requests in a batch (a group's equal completions) go once.

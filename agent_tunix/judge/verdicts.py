@@ -21,7 +21,6 @@ class Verdict:
     latency_s: wall time of the call, retries included.
     retries: unparseable replies asked again (transport retries are the
       client's and counted from its requests).
-    cached: True when it came from the cache.
   """
 
   score: float | None
@@ -30,7 +29,6 @@ class Verdict:
   detail: str = ''
   latency_s: float = 0.0
   retries: int = 0
-  cached: bool = False
 
 
 def failed(kind, detail, start, retries=0):
