@@ -462,6 +462,16 @@ def get_config(arg=None):
   return config
 
 
+# LoRA targets of the Gemma 4 presets: Gemma 3's plus k_einsum, the single
+# K (= V) projection of global layers on 12B, 26B-A4B and 31B (and of the
+# tiny models). Shared-KV layers keep an unused kv_einsum; qwix adds adapters
+# only to modules the model calls, so they get none.
+GEMMA4_LORA_MODULES = (
+    '.*q_einsum|.*kv_einsum|.*k_einsum|.*attn_vec_einsum|'
+    '.*gate_proj|.*down_proj|.*up_proj'
+)
+
+
 def apply_arg(config, arg):
   """Applies a preset argument: comma-separated words and overrides.
 

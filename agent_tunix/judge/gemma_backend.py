@@ -31,6 +31,7 @@ import numpy as np
 from agent_tunix.data import pipeline
 from agent_tunix.judge import prompts
 from agent_tunix.judge import verdicts as verdicts_lib
+from agent_tunix.models import gemma4 as gemma4_lib
 from agent_tunix.rl import grpo
 from agent_tunix.rl import logprobs
 
@@ -60,6 +61,8 @@ def _answer_logps(graphdefs, state, tokens, mask, ids, use_lora):
   embedding = module.embedder.input_embedding[...]
   logits = jnp.einsum('bd,vd->bv', hidden, embedding,
                       preferred_element_type=jnp.float32)
+  logits = gemma4_lib.apply_softcap(
+      logits, gemma4_lib.logit_softcap(module.config))
   return jax.nn.log_softmax(logits, axis=-1)[:, ids]
 
 

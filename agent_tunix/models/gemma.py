@@ -1,4 +1,4 @@
-"""Builds a Gemma 3 policy (tunix NNX modules) from `config.model`.
+"""Builds a Gemma 3 or Gemma 4 policy (tunix NNX modules) from `config.model`.
 
 Sources: 'gguf' (offline default), 'hf', 'kaggle', 'orbax', 'random'. Weights
 are created directly sharded on the mesh: the module tree is built abstractly
@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from tunix.models.gemma3 import model as model_lib
 
+from agent_tunix.models import gemma4 as gemma4_lib
 from agent_tunix.models import gguf as gguf_lib
 from agent_tunix.models import tokenizer as tokenizer_lib
 
@@ -33,6 +34,8 @@ PRESETS = {
     'gemma3_27b_pt': model_lib.ModelConfig.gemma3_27b_pt,
     'gemma3_27b_it': model_lib.ModelConfig.gemma3_27b_it,
     'tiny': None,  # See tiny_config().
+    **gemma4_lib.PRESETS,
+    **{name: None for name in gemma4_lib.TINY_PRESETS},
 }
 SOURCES = ('gguf', 'hf', 'kaggle', 'orbax', 'random')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
@@ -60,6 +63,11 @@ def is_instruction_tuned(preset):
   return preset.endswith('_it')
 
 
+def is_gemma4(preset):
+  """Whether `config.model.preset` names a Gemma 4 architecture."""
+  return preset.startswith(('gemma4_', 'tiny_gemma4'))
+
+
 def model_config(model_cfg):
   """The tunix ModelConfig for `config.model` (preset and dtype).
 
@@ -71,14 +79,22 @@ def model_config(model_cfg):
         f'config.model.preset={model_cfg.preset!r} is unknown; choose one of '
         f'{sorted(PRESETS)}.'
     )
+  if is_gemma4(model_cfg.preset):
+    return gemma4_lib.model_config(model_cfg.preset, DTYPES[model_cfg.dtype])
   overrides = dict(param_dtype=DTYPES[model_cfg.dtype])
   if model_cfg.preset == 'tiny':
     return tiny_config(**overrides)
   return dataclasses.replace(PRESETS[model_cfg.preset](), **overrides)
 
 
+def model_class(cfg):
+  """The NNX model class of a tunix ModelConfig (Gemma 3 or Gemma 4)."""
+  return gemma4_lib.Gemma4 if gemma4_lib.is_gemma4_config(cfg) else (
+      model_lib.Gemma3)
+
+
 def abstract_model(cfg):
-  return nnx.eval_shape(lambda: model_lib.Gemma3(cfg, rngs=nnx.Rngs(0)))
+  return nnx.eval_shape(lambda: model_class(cfg)(cfg, rngs=nnx.Rngs(0)))
 
 
 def _flat_state(tree):
@@ -137,7 +153,7 @@ def random_model(cfg, mesh, seed=0):
   graphdef = nnx.graphdef(abstract)
 
   def init():
-    model = model_lib.Gemma3(cfg, rngs=nnx.Rngs(seed))
+    model = model_class(cfg)(cfg, rngs=nnx.Rngs(seed))
     state = nnx.state(model)
     # Gemma's FFN kernels start at zero in tunix; give every weight a small
     # random value so a random model computes something non-trivial.
@@ -204,24 +220,40 @@ def _hf_local_dir(path):
 
 
 def _load_hf(cfg, path, mesh):
-  """A Hugging Face Gemma 3 directory of safetensors via tunix's loader."""
-  from tunix.models.gemma3 import params_safetensors  # pylint: disable=g-import-not-at-top
+  """A Hugging Face Gemma 3 or 4 directory of safetensors via tunix's loader."""
   local = _hf_local_dir(path)
   if not any(f.endswith('.safetensors') for f in os.listdir(local)):
     raise FileNotFoundError(
         f'{local!r} has no *.safetensors files; expected a Hugging Face '
-        'Gemma 3 checkpoint directory.'
+        'Gemma checkpoint directory.'
     )
-  model = params_safetensors.create_model_from_safe_tensors(
-      local, cfg, mesh=mesh, dtype=cfg.param_dtype
-  )
+  if gemma4_lib.is_gemma4_config(cfg):
+    # tunix's Gemma 4 names and layouts, loaded into our Gemma4 class.
+    # pylint: disable=g-import-not-at-top,protected-access
+    from tunix.models import safetensors_loader
+    from tunix.models.gemma4 import params_safetensors as g4_safetensors
+    model = safetensors_loader.load_and_create_model(
+        file_dir=local, model_class=gemma4_lib.Gemma4, config=cfg,
+        key_mapping=g4_safetensors._get_key_and_transform_mapping,
+        mesh=mesh, preprocess_fn=g4_safetensors._make_preprocess_fn(cfg),
+        dtype=cfg.param_dtype,
+    )
+    # pylint: enable=g-import-not-at-top,protected-access
+  else:
+    from tunix.models.gemma3 import params_safetensors  # pylint: disable=g-import-not-at-top
+    model = params_safetensors.create_model_from_safe_tensors(
+        local, cfg, mesh=mesh, dtype=cfg.param_dtype
+    )
   _check_shapes(model, cfg, local)
   return model
 
 
 def _load_orbax(cfg, source, path, mesh):
-  """The official Flax/Orbax Gemma 3 checkpoint (kagglehub or a path)."""
-  from tunix.models.gemma3 import params as params_lib  # pylint: disable=g-import-not-at-top
+  """The official Flax/Orbax Gemma checkpoint (kagglehub or a path)."""
+  if gemma4_lib.is_gemma4_config(cfg):
+    from tunix.models.gemma4 import params as params_lib  # pylint: disable=g-import-not-at-top
+  else:
+    from tunix.models.gemma3 import params as params_lib  # pylint: disable=g-import-not-at-top
   if source == 'kaggle':
     import kagglehub  # pylint: disable=g-import-not-at-top
     if not path:
@@ -243,6 +275,11 @@ def _load_orbax(cfg, source, path, mesh):
   model = params_lib.create_model_from_checkpoint(
       path, cfg, mesh=mesh, dtype=cfg.param_dtype
   )
+  if gemma4_lib.is_gemma4_config(cfg):
+    # tunix built its own class; the same variables go into ours.
+    ours = abstract_model(cfg)
+    nnx.update(ours, nnx.state(model))
+    model = ours
   _check_shapes(model, cfg, path)
   return model
 

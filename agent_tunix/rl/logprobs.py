@@ -18,6 +18,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from agent_tunix.models import gemma4 as gemma4_lib
 
 
 def chunked_token_logps(
@@ -27,6 +28,7 @@ def chunked_token_logps(
     chunk_size: int,
     compute_entropy: bool = False,
     temperature: float = 1.0,
+    softcap: float | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
   """Log-probabilities of `targets` under logits = hidden @ embedding.T / T.
 
@@ -40,7 +42,9 @@ def chunked_token_logps(
 
   The logits are divided by `temperature` (T) before the softmax, as the
   sampler divides them before drawing a token, so log-probs and entropy are
-  those of the distribution the tokens were sampled from.
+  those of the distribution the tokens were sampled from. A model with a
+  final-logit softcap (Gemma 4: 30) has it applied first, as its own
+  forward does: tanh(logits / softcap) * softcap, then / T.
 
   Args:
     hidden: [B, T, D] final hidden states.
@@ -49,6 +53,7 @@ def chunked_token_logps(
     chunk_size: positions per chunk; T need not be a multiple of it.
     compute_entropy: also return the per-token entropy of the distribution.
     temperature: T > 0, the sampling temperature (1 = the model's logits).
+    softcap: the model's final-logit softcap, or None.
 
   Returns:
     (logps [B, T] float32, entropy [B, T] float32 or None).
@@ -70,6 +75,7 @@ def chunked_token_logps(
     logits = jnp.einsum(
         'bcd,vd->bcv', h, embedding, preferred_element_type=jnp.float32
     )
+    logits = gemma4_lib.apply_softcap(logits, softcap)
     if temperature != 1.0:
       logits = logits / temperature
     lse = jax.nn.logsumexp(logits, axis=-1)
@@ -161,6 +167,12 @@ def can_share_prompts(model: nnx.Module, length: int,
   Returns:
     True when the shared-prompt forward may be used.
   """
+  if gemma4_lib.is_gemma4_config(getattr(model, 'config', None)):
+    # Gemma 4's attention reads only the current chunk's K/V in a
+    # multi-token call (its cache is written, not read, and KV-shared
+    # layers take the donor's K/V from the same call), so the second,
+    # cached forward would not see the prompt. Full forward instead.
+    return False
   window = getattr(getattr(model, 'config', None), 'sliding_window_size', 0)
   return (bool(window) and length <= window and completion_len >= 2
           and length - completion_len >= 2)
@@ -296,4 +308,5 @@ def per_token_logps(
   return chunked_token_logps(
       hidden, embedding, targets, chunk_size, compute_entropy=compute_entropy,
       temperature=temperature,
+      softcap=gemma4_lib.logit_softcap(model.config),
   )

@@ -12,6 +12,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 from tunix.models.gemma3 import model as gemma3_lib
+from tunix.models.gemma4 import model as gemma4_lib
 
 # 'block' is tunix's RematConfig.BLOCK; 'layer' is ours
 # (`_LayerRematDecoderLayer`), not tunix's DECODER, whose jax.checkpoint
@@ -98,6 +99,39 @@ class _LayerRematDecoderLayer(gemma3_lib.DecoderLayer):
     return remat_after_cotangent(block, (lora, x, cache), rest)
 
 
+class _LayerRematGemma4DecoderLayer(gemma4_lib.DecoderLayer):
+  """A tunix Gemma 4 DecoderLayer recomputed whole in the backward pass.
+
+  Like `_LayerRematDecoderLayer`. A KV-shared layer's donor K/V
+  (`kv_shared_cache`) and its per-layer input are differentiable inputs of
+  the recomputation, so their gradients reach the donor layer and the
+  per-layer embeddings; the layer's own K/V output (which later layers may
+  read) is an output of it.
+  """
+
+  def __call__(self, x, segment_pos, cache, attn_mask, per_layer_input=None,
+               kv_shared_cache=None):
+    graphdef, lora, rest = nnx.split(self, nnx.LoRAParam, ...)
+
+    def block(diff, frozen):
+      lora_state, inputs, layer_cache, per_layer, shared = diff
+      layer = nnx.merge(graphdef, lora_state, frozen, copy=True)
+      return gemma4_lib.DecoderLayer.block(
+          layer, inputs, segment_pos, layer_cache, attn_mask, per_layer,
+          shared,
+      )
+
+    return remat_after_cotangent(
+        block, (lora, x, cache, per_layer_input, kv_shared_cache), rest
+    )
+
+
+def _gemma4_targets(mode):
+  if mode == 'layer':
+    return (gemma4_lib.DecoderLayer,)
+  return (gemma4_lib.Attention, gemma4_lib.FeedForward)
+
+
 def apply_remat(module: nnx.Module, mode: str) -> None:
   """Sets a remat mode on a model merged inside the update's trace.
 
@@ -115,12 +149,20 @@ def apply_remat(module: nnx.Module, mode: str) -> None:
     return
   targets = ((gemma3_lib.DecoderLayer,) if mode == 'layer' else
              (gemma3_lib.Attention, gemma3_lib.FeedForward))
+  targets += _gemma4_targets(mode)
   found = 0
   for _, sub in nnx.iter_modules(module):
     if not isinstance(sub, targets):
       continue
     if mode == 'layer':
-      sub.__class__ = _LayerRematDecoderLayer
+      sub.__class__ = (_LayerRematGemma4DecoderLayer
+                       if isinstance(sub, gemma4_lib.DecoderLayer)
+                       else _LayerRematDecoderLayer)
+    elif isinstance(sub, (gemma4_lib.Attention, gemma4_lib.FeedForward)):
+      # Gemma 4's modules read remat_config from their (shared) config.
+      sub.config = dataclasses.replace(
+          sub.config, remat_config=gemma4_lib.RematConfig.BLOCK
+      )
     elif isinstance(sub, gemma3_lib.Attention):
       sub.remat_config = gemma3_lib.RematConfig.BLOCK
     else:
@@ -132,6 +174,6 @@ def apply_remat(module: nnx.Module, mode: str) -> None:
   if not found:
     names = '/'.join(t.__name__ for t in targets)
     raise ValueError(
-        f'remat={mode!r} needs tunix Gemma 3 {names} modules; '
+        f'remat={mode!r} needs tunix Gemma {names} modules; '
         f'{type(module).__name__} has none. Use remat=\'none\'.'
     )

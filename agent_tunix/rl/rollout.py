@@ -53,6 +53,7 @@ from tunix.generate import utils as sampler_utils
 from agent_tunix.data import pipeline
 from agent_tunix.data import prompts as prompts_lib
 from agent_tunix.models import decode
+from agent_tunix.models import gemma4 as gemma4_lib
 from agent_tunix.tpu import sharding
 
 
@@ -497,7 +498,9 @@ class Rollout:
 
     cache, sown = nnx.capture(forward, nnx.Intermediate)(transformer)
     hidden = sown['all_hidden_states'].get_value()[-1][:, -1:]
-    logits = transformer.embedder.decode(hidden)
+    logits = gemma4_lib.apply_softcap(
+        transformer.embedder.decode(hidden),
+        gemma4_lib.logit_softcap(transformer.config))
     repeat = functools.partial(
         jnp.repeat, repeats=num_generations, axis=0
     )

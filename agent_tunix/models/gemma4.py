@@ -1,0 +1,277 @@
+"""Gemma 4 policies on tunix's NNX Gemma 4 (text decoder).
+
+tunix 0.1.7 ships the modules (`tunix.models.gemma4.model`); this module adds
+what the rest of agent_tunix needs from them:
+
+* Presets for E2B, E4B, 12B, 26B-A4B and 31B, pretrained and instruction
+  tuned (the same architecture), and two tiny random configs for tests. The
+  12B is written from its published numbers (tunix 0.1.7 lacks it).
+* `Gemma4`, tunix's model with the Gemma 3 interface the update and the
+  sampler rely on: `output_hidden_states=True` sows the final-normed hidden
+  states ('all_hidden_states'), so the log-prob passes project them onto the
+  vocabulary in chunks instead of materialising [B, L, V] logits. The
+  layer loop is tunix's: KV-shared layers read their donor's K/V from the
+  same forward (prefill) or the donor's cache (decode).
+* Exact top-k routing for the mixture-of-experts layers (`ExactTopKMoE`):
+  tunix 0.1.7 routes with `jax.lax.approx_max_k`, whose TPU result may
+  differ from the exact top-k; the sampler and the trainer would then route
+  some tokens to different experts and the importance ratio would carry
+  that error. Routing statistics (tokens per expert) are sown as
+  'moe_tokens_per_expert' when asked for (`router_stats`).
+
+Everything GRPO computes from logits applies Gemma 4's final-logit softcap
+(`logit_softcap`): tanh(logits / 30) * 30.
+
+The sliding-window layers keep a full-length KV cache
+(`use_sliding_window_kv_cache=False`): tunix's ring cache cannot be combined
+with a prefill that is not the first one, and GRPO's sequences (prompt +
+completion, at most a few thousand tokens) make the saving small.
+"""
+
+import dataclasses
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+from tunix.models.gemma4 import model as model_lib
+from tunix.models.gemma4 import moe as moe_lib
+
+ModelConfig = model_lib.ModelConfig
+_L = model_lib.AttentionType.LOCAL_SLIDING
+_G = model_lib.AttentionType.GLOBAL
+
+
+def _gemma4_12b():
+  """Gemma 4 12B from its published configuration (not in tunix 0.1.7)."""
+  return ModelConfig(
+      num_layers=48,
+      num_embed=262144,
+      embed_dim=3840,
+      hidden_dim=15360,
+      num_heads=16,
+      head_dim=256,
+      num_kv_heads=8,
+      num_global_kv_heads=1,
+      sliding_window_size=1024,
+      k_eq_v_global=True,
+      attention_pattern=(_L, _L, _L, _L, _L, _G),
+  )
+
+
+_FACTORIES = {
+    'e2b': ModelConfig.gemma4_e2b,
+    'e4b': ModelConfig.gemma4_e4b,
+    '12b': _gemma4_12b,
+    '26b_a4b': ModelConfig.gemma4_26b_a4b,
+    '31b': ModelConfig.gemma4_31b,
+}
+# Preset name -> ModelConfig factory; '_it' names are the instruction-tuned
+# checkpoints of the same architecture.
+PRESETS = {}
+for _size, _factory in _FACTORIES.items():
+  PRESETS[f'gemma4_{_size}'] = _factory
+  PRESETS[f'gemma4_{_size}_it'] = _factory
+VOCAB_SIZE = 262144
+SOFTCAP = 30.0
+
+
+def tiny_config(**kwargs):
+  """A 6-layer random Gemma 4 that exercises every dense feature.
+
+  Local and global layers (global: a wider head and fewer KV heads, K=V),
+  per-layer embeddings, and KV sharing (the last 3 layers read layers 1 and
+  2's K/V). The real vocabulary, so the Gemma 3 tokenizer's ids (the same
+  262,144-entry space, with `<turn|>` at 106) can stand in offline.
+  """
+  fields = dict(
+      num_layers=6,
+      num_embed=VOCAB_SIZE,
+      embed_dim=32,
+      hidden_dim=64,
+      num_heads=4,
+      head_dim=16,
+      num_kv_heads=2,
+      num_global_kv_heads=1,
+      global_key_size=32,
+      sliding_window_size=16,
+      per_layer_input_dim=4,
+      frac_shared_layers=0.5,
+      override_kv_shared_ffw_hidden=128,
+      k_eq_v_global=True,
+      attention_pattern=(_L, _L, _G),
+  )
+  fields.update(kwargs)
+  return ModelConfig(**fields)
+
+
+def tiny_moe_config(**kwargs):
+  """A 3-layer random Gemma 4 mixture of experts (26B-A4B's layout)."""
+  fields = dict(
+      num_layers=3,
+      num_embed=VOCAB_SIZE,
+      embed_dim=32,
+      hidden_dim=32,
+      num_heads=4,
+      head_dim=16,
+      num_kv_heads=2,
+      num_global_kv_heads=1,
+      global_key_size=32,
+      sliding_window_size=16,
+      k_eq_v_global=True,
+      enable_moe=True,
+      num_experts=4,
+      num_experts_per_tok=2,
+      expert_dim=16,
+      moe_dense_hidden_dim=32,
+      attention_pattern=(_L, _L, _G),
+  )
+  fields.update(kwargs)
+  return ModelConfig(**fields)
+
+
+TINY_PRESETS = {'tiny_gemma4': tiny_config, 'tiny_gemma4_moe': tiny_moe_config}
+
+
+def is_gemma4_config(cfg):
+  return isinstance(cfg, ModelConfig)
+
+
+def model_config(preset, dtype):
+  """The ModelConfig of a Gemma 4 preset with parameters and compute in dtype.
+
+  tunix's Gemma 4 defaults both `param_dtype` and `dtype` to float32; both
+  follow `config.model.dtype` here, as Gemma 3's do.
+  """
+  factory = TINY_PRESETS.get(preset) or PRESETS[preset]
+  return dataclasses.replace(
+      factory(), param_dtype=dtype, dtype=dtype,
+      use_sliding_window_kv_cache=False,
+  )
+
+
+def logit_softcap(cfg):
+  """The final-logit softcap of a tunix ModelConfig (None: none)."""
+  return getattr(cfg, 'final_logit_softcap', None) if is_gemma4_config(
+      cfg) else None
+
+
+def apply_softcap(logits, softcap):
+  """tanh(logits / softcap) * softcap, in float32 (softcap None: as is)."""
+  if softcap is None:
+    return logits
+  logits = logits.astype(jnp.float32)
+  return jnp.tanh(logits / softcap) * softcap
+
+
+class ExactTopKMoE(moe_lib.MoERagged):
+  """tunix's ragged-dot experts, routed by the exact top-k.
+
+  With `router_stats` active, each call sows the number of token choices
+  each expert received ([E] int32) as 'moe_tokens_per_expert'. Routing is
+  dropless (ragged dot, no capacity): no token is dropped.
+  """
+
+  def _router(self, router_logits):
+    router_logits = router_logits.astype(jnp.float32)
+    probs = jax.nn.softmax(router_logits, axis=-1)
+    top, choices = jax.lax.top_k(probs, self.num_experts_per_datapoint)
+    weights = jnp.zeros_like(probs)
+    weights = jnp.put_along_axis(
+        weights, choices, top / jnp.sum(top, -1, keepdims=True), axis=-1,
+        inplace=False,
+    )
+    if getattr(self, 'record_stats', False):
+      counts = jnp.sum(
+          jax.nn.one_hot(choices, self.num_experts, dtype=jnp.int32),
+          axis=tuple(range(choices.ndim)),
+      )
+      self.sow(nnx.Intermediate, 'moe_tokens_per_expert', counts)
+    return weights, choices
+
+
+class Gemma4(model_lib.Gemma4):
+  """tunix's Gemma 4 that can return its final hidden states.
+
+  Built with `ExactTopKMoE` experts. `output_hidden_states=True` sows the
+  final-normed hidden states [B, L, D] as 'all_hidden_states' (tunix's Gemma
+  3 convention); the logits are still returned, softcapped (unused, XLA
+  removes their matmul under jit).
+  """
+
+  def __init__(self, config, *, rngs):
+    super().__init__(config, rngs=rngs)
+    for layer in self.layers:
+      if hasattr(layer, 'moe'):
+        layer.moe.__class__ = ExactTopKMoE
+
+  def __call__(self, tokens, positions=None, cache=None, attention_mask=None,
+               decode_only_last_token=False, segment_ids=None,
+               output_hidden_states=False):
+    del segment_ids
+    if positions is None:
+      batch, length = tokens.shape
+      positions = jnp.tile(jnp.arange(length)[None, :], (batch, 1))
+    x = self.embedder.encode(tokens)
+    per_layer = None
+    if self.config.per_layer_input_dim > 0:
+      per_layer = self.embedder.encode_per_layer_input(x, tokens)
+    prefill = tokens.shape[1] > 1
+    new_cache, donors_kv = {}, {}
+    for i, layer in enumerate(self.layers):
+      donor = self.kv_cache_sharing_patterns[i]
+      if donor != i:  # A KV-shared layer: the donor's K/V, no cache.
+        layer_cache = None
+        if prefill:
+          k, v = donors_kv[donor]
+          shared = {'k': k, 'v': v}
+        else:
+          shared = new_cache[f'layer_{donor}']
+      else:
+        layer_cache = cache[f'layer_{i}'] if cache else None
+        shared = None
+      with jax.named_scope(f'layer_{i}'):
+        layer_cache, x, kv = layer(
+            x, positions, layer_cache, attention_mask,
+            per_layer_input=(per_layer[:, :, i, :] if per_layer is not None
+                             else None),
+            kv_shared_cache=shared,
+        )
+      if prefill and i in self.shared_layer_origins:
+        donors_kv[i] = kv
+      if donor == i:
+        new_cache[f'layer_{i}'] = layer_cache
+    x = self.final_norm(x)
+    if output_hidden_states:
+      self.sow(nnx.Intermediate, 'all_hidden_states', x)
+    if decode_only_last_token:
+      x = x[:, -1:, :]
+    logits = apply_softcap(self.embedder.decode(x), self.config.final_logit_softcap)
+    return logits, (None if cache is None else new_cache)
+
+
+def router_stats(model, tokens, input_mask):
+  """Tokens per expert of every MoE layer on one batch ({layer: [E] int}).
+
+  Runs the model once with the routers recording. Padding rows are routed
+  too (the router sees every position); the counts therefore cover
+  B * L * top_k choices per layer.
+  """
+  moes = [(i, layer.moe) for i, layer in enumerate(model.layers)
+          if hasattr(layer, 'moe')]
+  for _, m in moes:
+    m.record_stats = True
+  try:
+    def forward(module):
+      module(tokens, None, None, _causal(input_mask))
+
+    _, sown = nnx.capture(forward, nnx.Intermediate)(model)
+  finally:
+    for _, m in moes:
+      m.record_stats = False
+  return sown
+
+
+def _causal(input_mask):
+  length = input_mask.shape[-1]
+  causal = jnp.tril(jnp.ones((length, length), jnp.bool_))
+  return causal[None] & input_mask.astype(jnp.bool_)[:, None, :]
