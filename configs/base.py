@@ -80,6 +80,10 @@ def get_config(arg=None):
   # Prompt template: 'auto' (chat for -it presets, few-shot for pretrained),
   # 'chat' (Gemma chat turns) or 'plain' (few-shot text).
   config.data.template = 'auto'
+  # Gemma 4 chat only: put <|think|> in the system turn, so the model thinks
+  # in a <|channel>thought ... <channel|> block before answering (what the
+  # rewards see: rewards.see_thoughts). False: thinking off.
+  config.data.thinking = False
   # System instruction placed before every question.
   config.data.system_prompt = (
       'You are given a problem. Think about the problem and provide your '
@@ -126,6 +130,9 @@ def get_config(arg=None):
   config.rewards.functions = (
       'format_exact=0.5,format_approx=0.25,answer=1,numbers=3'
   )
+  # With data.thinking (Gemma 4): whether rewards and evaluation read the
+  # thought block too; False scores the text after it.
+  config.rewards.see_thoughts = False
   # Penalty per completion token beyond length_penalty_target (0 = off).
   config.rewards.length_penalty = 0.0
   # Completion length, in tokens, after which the length penalty applies.

@@ -136,6 +136,18 @@ def _check_model(config):
       m.lora_rank >= 0,
       f'config.model.lora_rank={m.lora_rank} must be >= 0 (0 disables LoRA).',
   )
+  _require(
+      not (gemma.is_gemma4(m.preset) and m.source == 'gguf'),
+      f'config.model.preset={m.preset!r} is a Gemma 4 model; the GGUF loader '
+      "reads Gemma 3 files only. Use config.model.source='hf', 'kaggle', "
+      "'orbax' or 'random'.",
+  )
+  _require(
+      not config.data.thinking or gemma.is_gemma4(m.preset),
+      f'config.data.thinking=True needs a Gemma 4 preset (its <|think|> '
+      f'switch); config.model.preset={m.preset!r} has none. Set '
+      'config.data.thinking=False.',
+  )
 
 
 def _check_data(config, splits):

@@ -17,6 +17,20 @@
     continuation tokenised the same way as in the examples.)
   * 'auto': 'chat' when model.preset ends with '_it', else 'plain'.
 
+Gemma 4 presets (`gemma4_*`, `tiny_gemma4*`) write their own turn markers
+and give the system prompt its own turn:
+
+      <|turn>system
+      {system_prompt}<turn|>
+      <|turn>user
+      {question}<turn|>
+      <|turn>model
+
+Thinking is off unless `data.thinking` is true, which puts `<|think|>` at
+the start of the system turn; the model then writes its thoughts in a
+`<|channel>thought ... <channel|>` block, which rewards do not see unless
+`rewards.see_thoughts` is true (`strip_thoughts`).
+
 Where a completion ends (`generation.stop_sequences='auto'`): with 'chat',
 at `<end_of_turn>` (an end token; no stop text needed); with 'plain', at
 the start of the next few-shot example (`TEMPLATE_STOP_SEQUENCES`): a
@@ -35,6 +49,7 @@ text is needed.
 """
 
 import functools
+import re
 
 from agent_tunix.agent import formats
 from agent_tunix.agent import tools as tools_lib
@@ -125,8 +140,44 @@ def resolve_template(config):
   return template
 
 
-def chat_prompt(question, system_prompt):
-  """Formats one user turn and opens the model turn."""
+GEMMA4_TURN = ('<|turn>', '<turn|>')
+THINK = '<|think|>'
+_THOUGHT = re.compile(r'<\|channel>thought.*?(?:<channel\|>|$)', re.DOTALL)
+
+
+def is_gemma4_preset(preset):
+  """Whether `model.preset` is a Gemma 4 architecture (its turn markers)."""
+  return preset.startswith(('gemma4_', 'tiny_gemma4'))
+
+
+def strip_thoughts(text):
+  """`text` without Gemma 4 thought blocks (an unclosed one to the end)."""
+  return _THOUGHT.sub('', text)
+
+
+def scored_texts(texts, config):
+  """What rewards and evaluation read of completions `texts`.
+
+  With Gemma 4 thinking on (`data.thinking`), the thought blocks are removed
+  unless `rewards.see_thoughts`; otherwise the texts as they are.
+  """
+  if not config.data.thinking or config.rewards.see_thoughts:
+    return list(texts)
+  return [strip_thoughts(t) for t in texts]
+
+
+def chat_prompt(question, system_prompt, gemma4=False, thinking=False):
+  """Formats one user turn and opens the model turn.
+
+  Gemma 3 has no system role: the system prompt opens the user turn. Gemma
+  4 gives it a system turn, where `thinking` adds the `<|think|>` switch.
+  """
+  if gemma4:
+    start, end = GEMMA4_TURN
+    system = (THINK + system_prompt) if thinking else system_prompt
+    turns = [f'{start}system\n{system}{end}\n'] if system else []
+    turns.append(f'{start}user\n{question}{end}\n{start}model\n')
+    return ''.join(turns)
   user = f'{system_prompt}\n\n{question}' if system_prompt else question
   return f'<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n'
 
@@ -205,5 +256,7 @@ def format_prompt(question, config):
     return tools_prompt(question, system_prompt, tool_format, tools,
                         few_shot)
   if template == 'chat':
-    return chat_prompt(question, system_prompt)
+    return chat_prompt(question, system_prompt,
+                       gemma4=is_gemma4_preset(config.model.preset),
+                       thinking=config.data.thinking)
   return plain_prompt(question, system_prompt)

@@ -30,6 +30,7 @@ from absl import logging
 import numpy as np
 
 from agent_tunix.data import pipeline
+from agent_tunix.data import prompts
 from agent_tunix.rewards import format as format_lib
 from agent_tunix.rewards import math as math_lib
 from agent_tunix.rl import episode_stats
@@ -174,6 +175,7 @@ def evaluate(sampler, tokenizer, examples, config, seed=0, judge=None):
             for e in examples]
   greedy, episodes = _generate_all(sampler, tokens, batch, steps, seed,
                                    examples=rows)
+  greedy = prompts.scored_texts(greedy, config)
   metrics = {
       **with_stderr(
           'accuracy', [is_correct(c, a) for c, a in zip(greedy, answers)]
@@ -190,6 +192,7 @@ def evaluate(sampler, tokenizer, examples, config, seed=0, judge=None):
         num_generations=k, examples=rows,
         temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p,
     )
+    sampled = prompts.scored_texts(sampled, config)
     hits = np.array(
         [is_correct(c, a) for c, a in zip(sampled, np.repeat(answers, k))]
     ).reshape(len(examples), k)

@@ -84,11 +84,13 @@ class Completions:
 
 
 def end_token_ids(tokenizer):
-  """<eos> and <end_of_turn>: either one ends a completion."""
+  """<eos> and the end of a turn (Gemma 3 `<end_of_turn>`, Gemma 4 `<turn|>`):
+  either one ends a completion."""
   ids = [tokenizer.eos_id()]
-  end_of_turn = tokenizer.piece_to_id('<end_of_turn>')
-  if end_of_turn != tokenizer.unk_id():
-    ids.append(end_of_turn)
+  for piece in ('<end_of_turn>', '<turn|>'):
+    token = tokenizer.piece_to_id(piece)
+    if token != tokenizer.unk_id() and token not in ids:
+      ids.append(token)
   return ids
 
 

@@ -42,6 +42,7 @@ from agent_tunix import models
 from agent_tunix import rewards
 from agent_tunix.config import validation
 from agent_tunix.data import pipeline
+from agent_tunix.data import prompts
 from agent_tunix.observe import metrics as metrics_lib
 from agent_tunix.rl import dynamic_sampling
 from agent_tunix.rl import episode_stats
@@ -229,7 +230,8 @@ def _score(session, rows, out):
     fields['transcript'] = [e.transcript for e in out.episodes]
     fields['tool_calls'] = [e.tool_calls for e in out.episodes]
   total, per_fn = session.reward_set(
-      list(rows['prompt']), out.texts, answer=list(rows['answer']),
+      list(rows['prompt']), prompts.scored_texts(out.texts, session.config),
+      answer=list(rows['answer']),
       question=list(rows['question']),
       reasoning=list(rows.get('reasoning', [''] * len(rows['question']))),
       completion_lengths=out.lengths.tolist(),
