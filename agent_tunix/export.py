@@ -74,6 +74,7 @@ from agent_tunix import models
 from agent_tunix.config import validation
 from agent_tunix.data import prompts
 from agent_tunix.models import gemma
+from agent_tunix.models import gemma4_hf
 from agent_tunix.models import gguf as gguf_lib
 from agent_tunix.models import lora
 from agent_tunix.models import tokenizer as tokenizer_lib
@@ -123,6 +124,7 @@ _DELTA_EINSUM = {
     'mlp.gate_proj.kernel': 'ir,ro->io',
     'mlp.up_proj.kernel': 'ir,ro->io',
     'mlp.down_proj.kernel': 'ir,ro->io',
+    **gemma4_hf.LORA_DELTA_EINSUM,
 }
 # tunix RMSNorm (path below layers.N) -> Hugging Face module.
 _HF_NORMS = {
@@ -169,6 +171,18 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}"
     "{%- endif -%}"
+)
+
+# Gemma 4's turns (data/prompts.chat_prompt with a Gemma 4 preset): the
+# system message has its own turn.
+GEMMA4_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- for message in messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' "
+    "else message['role'] -%}"
+    "{{ '<|turn>' + role + '\n' + message['content'] + '<turn|>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|turn>model\n' }}{%- endif -%}"
 )
 
 
@@ -379,8 +393,10 @@ def hf_tensors(name, w):
 
 def hf_state(model, model_cfg):
   """Yields the merged model as Hugging Face (name, float32 array) pairs."""
+  to_hf = (gemma4_hf.hf_tensors if gemma.is_gemma4(model_cfg.preset)
+           else hf_tensors)
   for name, w in merged_params(model, model_cfg):
-    for hf_name, x in hf_tensors(name, w):
+    for hf_name, x in to_hf(name, w):
       yield hf_name, np.ascontiguousarray(x)
 
 
@@ -407,6 +423,8 @@ def peft_factors(weight, a, b):
     bs = [b] if len(parts) == 1 else [b[:, i] for i in range(len(parts))]
     return [(f'self_attn.{p}_proj', a.T, x.reshape(rank, -1).T)
             for p, x in zip(parts, bs)]
+  if sub == 'attn.k_einsum.w':  # Gemma 4 K = V: A [D, r], B [r, K, H].
+    return [('self_attn.k_proj', a.T, b.reshape(rank, -1).T)]
   if sub == 'attn.attn_vec_einsum.w':  # A [N, H, r], B [r, D]
     return [('self_attn.o_proj', a.reshape(-1, rank).T, b.T)]
   proj = sub.split('.')[1]  # mlp.X_proj.kernel: A [in, r], B [r, out]
@@ -415,7 +433,7 @@ def peft_factors(weight, a, b):
 
 def peft_prefix(preset):
   """Where a preset's decoder layers are in PEFT's names of the HF model."""
-  if preset in _MULTIMODAL:
+  if preset in _MULTIMODAL or gemma.is_gemma4(preset):
     return 'base_model.model.model.language_model.layers.'
   return 'base_model.model.model.layers.'
 
@@ -427,7 +445,7 @@ def peft_target_modules(preset, modules):
   regex over the language model's layers, since the vision tower has
   q_proj etc. too.
   """
-  if preset not in _MULTIMODAL:
+  if preset not in _MULTIMODAL and not gemma.is_gemma4(preset):
     return sorted({m.split('.')[-1] for m in modules})
   alternatives = '|'.join(re.escape(m) for m in sorted(modules))
   return rf'model\.language_model\.layers\.\d+\.({alternatives})'
@@ -447,6 +465,9 @@ def peft_state(model, prefix='base_model.model.model.layers.'):
 
 
 def context_length(preset):
+  if gemma.is_gemma4(preset):  # 128k for E2B / E4B, 256k for the others.
+    small = preset.startswith(('gemma4_e2b', 'gemma4_e4b', 'tiny_gemma4'))
+    return 131072 if small else 262144
   return 32768 if preset in _SHORT_CONTEXT else 131072
 
 
@@ -481,8 +502,14 @@ def _check_exportable(cfg):
 
 
 def hf_config(config, tokenizer, dtype='float32'):
-  """config.json (Gemma3ForCausalLM) for the model of `config`."""
+  """config.json (Gemma3ForCausalLM; Gemma 4: see gemma4_hf.hf_config)."""
   cfg = gemma.model_config(config.model)
+  if gemma.is_gemma4(config.model.preset):
+    return gemma4_hf.hf_config(
+        cfg, context_length(config.model.preset),
+        {'bos_token_id': tokenizer.bos_id(),
+         'eos_token_id': tokenizer.eos_id(),
+         'pad_token_id': max(tokenizer.pad_id(), 0)}, dtype)
   _check_exportable(cfg)
   rope_scaling = None
   if cfg.global_scale_factor != 1.0:
@@ -575,7 +602,9 @@ def tokenizer_files(config, tokenizer):
       'sp_model_kwargs': {},
   }
   if _uses_chat(config):
-    tok_config['chat_template'] = CHAT_TEMPLATE
+    tok_config['chat_template'] = (
+        GEMMA4_CHAT_TEMPLATE if gemma.is_gemma4(config.model.preset)
+        else CHAT_TEMPLATE)
   generation = {
       'bos_token_id': tokenizer.bos_id(),
       'eos_token_id': rollout.end_token_ids(tokenizer),
@@ -972,6 +1001,11 @@ def export(model, tokenizer, config, fmt, output, overwrite=False, step=None,
   if jax.process_count() > 1:
     raise ExportError('Export runs in a single process; start it without '
                       'jax.distributed (one host).')
+  if fmt == 'gguf' and gemma.is_gemma4(config.model.preset):
+    raise ExportError(
+        f'--format=gguf: {config.model.preset} is a Gemma 4 model, and the '
+        "GGUF writer knows Gemma 3's layout only. Use --format=merged or "
+        '--format=peft.')
   with _staged(output, fmt, overwrite) as target:
     if fmt == 'peft':
       write_peft(target, model, config, step)

@@ -287,6 +287,13 @@ def _load_orbax(cfg, source, path, mesh):
 def _check_shapes(model, cfg, source_name):
   expected = _flat_state(abstract_model(cfg))
   for name, var in _flat_state(model).items():
+    if not isinstance(var.value, jax.Array):
+      # tunix's safetensors loader skips names it does not know, which
+      # leaves their parameters unloaded.
+      raise ValueError(
+          f'{source_name}: no tensor was loaded for parameter {name!r}; '
+          'the checkpoint does not hold it under a name the loader knows.'
+      )
     want = tuple(expected[name].value.shape)
     if tuple(var.value.shape) != want:
       raise ValueError(
