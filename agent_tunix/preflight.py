@@ -95,7 +95,6 @@ import jax
 import jax.numpy as jnp
 from jax._src.interpreters import partial_eval  # pylint: disable=g-direct-jax-import
 from ml_collections import config_flags
-from tunix.models.gemma3 import model as gemma3_lib
 
 from agent_tunix import cli
 from agent_tunix.config import validation
@@ -300,7 +299,7 @@ def abstract_policy(config, mesh):
   tx, _ = optimizer_lib.optimizer_from_config(config)
 
   def build():
-    model = gemma3_lib.Gemma3(cfg, rngs=nnx.Rngs(0))
+    model = gemma.model_class(cfg)(cfg, rngs=nnx.Rngs(0))
     model = lora.apply_lora(model, config.model, seed=config.training.seed)
     return model, nnx.Optimizer(model, tx, wrt=nnx.LoRAParam)
 
@@ -1032,6 +1031,71 @@ def verdict(result):
           'above')
 
 
+class ResidentOverflow(ValueError):
+  """The arrays that must be resident together overflow a chip's HBM."""
+
+
+def rollout_cache_shapes(model, rows, cache_len):
+  """[(shape, dtype)] of the rollout's KV cache: K and V of each cached layer.
+
+  Gemma 3 caches every layer with the config's KV heads and head dim; Gemma
+  4 only the layers that compute K/V (KV-shared layers read their donor's),
+  each with its own KV heads and head dim (global layers: wider heads,
+  their own KV-head count).
+  """
+  cfg = model.config
+  if hasattr(model, 'kv_cache_sharing_patterns'):
+    layers = [layer.attn for i, layer in enumerate(model.layers)
+              if model.kv_cache_sharing_patterns[i] == i]
+    dims = [(a.num_kv_heads, a.head_dim) for a in layers]
+    dtype = cfg.dtype
+  else:
+    dims = [(cfg.num_kv_heads, cfg.head_dim)] * cfg.num_layers
+    dtype = cfg.param_dtype
+  return [((rows, cache_len, k, h), dtype) for k, h in dims for _ in 'kv']
+
+
+def check_resident(config, mesh, spec, usable):
+  """Refuses a run whose frozen weights and rollout KV cache overflow a chip.
+
+  Both live on the chips together for the whole rollout, so their per-chip
+  sum (the weights' sharding as the trainer places them; the cache's as
+  `sharding.kv_cache_sharding` gives it, for training.batch_size x
+  grpo.num_generations rows of generation.kv_cache_size) is a lower bound of
+  the largest program. Computed from shapes only: a model too big to fit is
+  refused in seconds, before any compile (a 31B compile would also need
+  more host RAM than a small machine has).
+
+  Raises:
+    ResidentOverflow: with a one-line reason naming the bytes per chip.
+  """
+  cfg = gemma.model_config(config.model)
+  model = gemma.abstract_model(cfg)
+  state = nnx.state(model, nnx.Param)
+  weights = _per_chip_bytes(_abstract_placed(
+      state, nnx.get_named_sharding(state, mesh)))
+  rows = config.training.batch_size * config.grpo.num_generations
+  heads_spec = tuple(cfg.shd_config.act_btnh)
+  cache = 0
+  for shape, dtype in rollout_cache_shapes(
+      model, rows, config.generation.kv_cache_size):
+    per_chip = sharding.kv_cache_sharding(mesh, shape, heads_spec).shard_shape(
+        shape)
+    cache += math.prod(per_chip) * jnp.dtype(dtype).itemsize
+  if weights + cache <= usable:
+    return
+  raise ResidentOverflow(
+      f'{config.model.preset} does not fit {spec.name} ({spec.num_chips} '
+      f'chips): its frozen weights ({_gib(weights)} GiB per chip) and the '
+      f'rollout KV cache ({rows} rows x {config.generation.kv_cache_size} '
+      f'tokens: {_gib(cache)} GiB per chip) need {_gib(weights + cache)} '
+      f'GiB of HBM per chip, more than the {_gib(usable)} GiB a program may '
+      'use, before any activation; use a slice with more chips or HBM '
+      '(e.g. v5p), or fewer rollout rows / a shorter '
+      'generation.kv_cache_size.'
+  )
+
+
 def prepare(config, topology):
   """Parses the slice and validates `config` for it; nothing is compiled.
 
@@ -1107,6 +1171,7 @@ def run(config, topology, programs=PROGRAMS, keep_going=False):
         '(put -1 on one axis).'
     )
   usable = tpu_topology.available_hbm_bytes(devices[0])
+  check_resident(config, mesh, spec, usable)
   compiled, skipped = compile_isolated(config, topology, usable, programs,
                                        keep_going)
   return report(config, spec, compiled, usable=usable,
@@ -1173,8 +1238,12 @@ def main(argv):
   except ValueError as e:  # ConfigError included.
     sys.stderr.write(f'preflight: {e}\n')
     sys.exit(2)
-  result = run(config, _TOPOLOGY.value, tuple(_PROGRAMS.value),
-               keep_going=_KEEP_GOING.value)
+  try:
+    result = run(config, _TOPOLOGY.value, tuple(_PROGRAMS.value),
+                 keep_going=_KEEP_GOING.value)
+  except ResidentOverflow as e:
+    sys.stderr.write(f'preflight: {e}\n')
+    sys.exit(1)
   sys.stdout.write(format_report(result) + '\n')
   if _OUTPUT.value:
     with open(_OUTPUT.value, 'w') as f:
