@@ -227,20 +227,33 @@ def test_moe_router_statistics():
   cfg = gemma.model_config(config.model)
   model = gemma.random_model(cfg, sharding.make_mesh(config.mesh))
   tokens = jnp.asarray(np.arange(1, 17, dtype=np.int32).reshape(2, 8))
-  sown = gemma4.router_stats(model, tokens, jnp.ones_like(tokens, bool))
-  counts = {p: np.asarray(v.get_value()[0])
-            for p, v in nnx.to_flat_state(sown)}
-  assert len(counts) == cfg.num_layers
-  for value in counts.values():
-    assert value.shape == (cfg.num_experts,)
-    assert value.sum() == tokens.size * cfg.num_experts_per_tok
-  # The exact top-k agrees with tunix's routing on CPU (approx_max_k is
-  # exact there), so the model equals tunix's.
+  mask = jnp.ones_like(tokens, bool).at[0, :3].set(False)
+  counts = np.asarray(gemma4.router_stats(model, tokens, mask))
+  assert counts.shape == (cfg.num_layers, cfg.num_experts)
+  np.testing.assert_array_equal(counts.sum(axis=1),
+                                13 * cfg.num_experts_per_tok)
+  scalars = gemma4.load_scalars(counts)
+  assert scalars['moe/max_load'] >= 1.0 >= scalars['moe/min_load']
+  assert gemma4.load_scalars([[4, 4], [8, 0]]) == {
+      'moe/max_load': 2.0, 'moe/min_load': 0.0, 'moe/idle_experts': 1.0,
+      'moe/dropped_tokens': 0.0}
+  # tunix 0.1.7's router reads the experts' normed input; ours (like Hugging
+  # Face's) the residual. With the norm's weights at 1 both agree (and the
+  # exact top-k equals approx_max_k on CPU); with other weights they differ.
   plain = nnx.eval_shape(lambda: tunix_gemma4.Gemma4(cfg, rngs=nnx.Rngs(0)))
-  nnx.update(plain, nnx.state(model))
   attn = logprobs.causal_attention_mask(jnp.ones_like(tokens, bool))
-  np.testing.assert_allclose(model(tokens, None, None, attn)[0],
-                             plain(tokens, None, None, attn)[0], atol=1e-5)
+
+  def both():
+    nnx.update(plain, nnx.state(model))
+    return (np.asarray(model(tokens, None, None, attn)[0]),
+            np.asarray(plain(tokens, None, None, attn)[0]))
+
+  ours, theirs = both()
+  np.testing.assert_allclose(ours, theirs, atol=1e-5)
+  norm = model.layers[0].moe_pre_ffw_norm.scale
+  norm.set_value(jnp.linspace(0.2, 3.0, norm[...].shape[0]))
+  ours, theirs = both()
+  assert np.abs(ours - theirs).max() > 1e-4
 
 
 def test_gemma4_chat_prompt_and_thinking():

@@ -9,6 +9,7 @@ on device.
 
 import dataclasses
 import os
+import re
 
 from absl import logging
 from flax import nnx
@@ -228,24 +229,69 @@ def _load_hf(cfg, path, mesh):
         'Gemma checkpoint directory.'
     )
   if gemma4_lib.is_gemma4_config(cfg):
-    # tunix's Gemma 4 names and layouts, loaded into our Gemma4 class.
-    # pylint: disable=g-import-not-at-top,protected-access
-    from tunix.models import safetensors_loader
-    from tunix.models.gemma4 import params_safetensors as g4_safetensors
-    model = safetensors_loader.load_and_create_model(
-        file_dir=local, model_class=gemma4_lib.Gemma4, config=cfg,
-        key_mapping=g4_safetensors._get_key_and_transform_mapping,
-        mesh=mesh, preprocess_fn=g4_safetensors._make_preprocess_fn(cfg),
-        dtype=cfg.param_dtype,
-    )
-    # pylint: enable=g-import-not-at-top,protected-access
-  else:
-    from tunix.models.gemma3 import params_safetensors  # pylint: disable=g-import-not-at-top
-    model = params_safetensors.create_model_from_safe_tensors(
-        local, cfg, mesh=mesh, dtype=cfg.param_dtype
-    )
+    flat = _read_gemma4_safetensors(local, cfg)
+    return place_params(cfg, flat, mesh, local)
+  from tunix.models.gemma3 import params_safetensors  # pylint: disable=g-import-not-at-top
+  model = params_safetensors.create_model_from_safe_tensors(
+      local, cfg, mesh=mesh, dtype=cfg.param_dtype
+  )
   _check_shapes(model, cfg, local)
   return model
+
+
+def _read_gemma4_safetensors(directory, cfg):
+  """{tunix path: host array} of a Hugging Face Gemma 4 directory.
+
+  Names and layouts are tunix's Gemma 4 mapping (`params_safetensors`);
+  tensors it does not map (the vision and audio towers) are skipped. A
+  KV-shared layer computes no K/V: Hugging Face checkpoints written by
+  transformers leave out its K/V projection and key norm, which tunix's
+  module still has (unused); those get zeros (ones for the norm).
+  """
+  # pylint: disable=g-import-not-at-top,protected-access
+  import safetensors
+  from tunix.models.gemma4 import params_safetensors as g4_safetensors
+  from tunix.utils import torch_utils
+  mapping = g4_safetensors._get_key_and_transform_mapping(cfg)
+  raw, skipped = {}, 0
+  for name in sorted(os.listdir(directory)):
+    if not name.endswith('.safetensors'):
+      continue
+    with safetensors.safe_open(os.path.join(directory, name),
+                               framework='numpy') as f:
+      for key in f.keys():
+        try:
+          target, transform = torch_utils.torch_key_to_jax_key(mapping, key)
+        except ValueError:
+          skipped += 1
+          continue
+        value = f.get_tensor(key)
+        if transform is not None:
+          permute, reshape = transform
+          value = value.transpose(permute) if permute else value
+          value = value.reshape(reshape) if reshape else value
+        raw[target] = value
+  flat = {k.removesuffix('.value'): v for k, v in
+          g4_safetensors._make_preprocess_fn(cfg)(raw).items()}
+  # pylint: enable=g-import-not-at-top,protected-access
+  if skipped:
+    logging.info('%s: skipped %d tensors outside the text decoder.',
+                 directory, skipped)
+  abstract = _flat_state(abstract_model(cfg))
+  sharing = gemma4_lib.Gemma4.kv_donors(cfg)
+  filled = []
+  for path, var in abstract.items():
+    m = re.fullmatch(r'layers\.(\d+)\.attn\.(kv_einsum\.w|k_einsum\.w|'
+                     r'_key_norm\.scale)', path)
+    if path in flat or not m or sharing[int(m.group(1))] == int(m.group(1)):
+      continue
+    fill = np.ones if m.group(2) == '_key_norm.scale' else np.zeros
+    flat[path] = fill(var.value.shape, np.float32)
+    filled.append(path)
+  if filled:
+    logging.info('%s: %d unused parameters of KV-shared layers set to '
+                 'constants (not in the checkpoint).', directory, len(filled))
+  return flat
 
 
 def _load_orbax(cfg, source, path, mesh):

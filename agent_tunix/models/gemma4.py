@@ -12,11 +12,14 @@ what the rest of agent_tunix needs from them:
   vocabulary in chunks instead of materialising [B, L, V] logits. The
   layer loop is tunix's: KV-shared layers read their donor's K/V from the
   same forward (prefill) or the donor's cache (decode).
-* Exact top-k routing for the mixture-of-experts layers (`ExactTopKMoE`):
-  tunix 0.1.7 routes with `jax.lax.approx_max_k`, whose TPU result may
-  differ from the exact top-k; the sampler and the trainer would then route
-  some tokens to different experts and the importance ratio would carry
-  that error. Routing statistics (tokens per expert) are sown as
+* Mixture-of-experts routing as Hugging Face's reference computes it
+  (`ExactTopKMoE`, `decoder_block`): the router reads the layer's residual
+  stream, not the experts' normed input (tunix 0.1.7 passes the normed
+  input; tunix fixed it after 0.1.7), and takes the exact top-k: tunix
+  0.1.7 uses `jax.lax.approx_max_k`, whose TPU result may differ from the
+  exact top-k, so the sampler and the trainer could route some tokens to
+  different experts and the importance ratio would carry that error.
+  Routing statistics (tokens per expert) are sown as
   'moe_tokens_per_expert' when asked for (`router_stats`).
 
 Everything GRPO computes from logits applies Gemma 4's final-logit softcap
@@ -33,6 +36,7 @@ import dataclasses
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from tunix.models.gemma4 import model as model_lib
 from tunix.models.gemma4 import moe as moe_lib
 
@@ -164,12 +168,23 @@ def apply_softcap(logits, softcap):
 
 
 class ExactTopKMoE(moe_lib.MoERagged):
-  """tunix's ragged-dot experts, routed by the exact top-k.
+  """tunix's ragged-dot experts, routed by the exact top-k of the residual.
 
-  With `router_stats` active, each call sows the number of token choices
-  each expert received ([E] int32) as 'moe_tokens_per_expert'. Routing is
-  dropless (ragged dot, no capacity): no token is dropped.
+  With `record_stats` set (`router_stats`), each call sows its expert
+  choices ([..., top_k] int32) as 'moe_choices'. Routing is dropless (ragged
+  dot, no capacity): no token is dropped.
   """
+
+  def __call__(self, x, router_input=None):
+    r = x if router_input is None else router_input
+    var = jnp.mean(jnp.square(r.astype(jnp.float32)), axis=-1, keepdims=True)
+    r = r * jax.lax.rsqrt(var + 1e-6).astype(r.dtype)
+    r = r * jax.lax.rsqrt(jnp.array(self.features, r.dtype)) * (
+        self.router_scale[...].astype(r.dtype))
+    logits = jnp.einsum('gsd,de->gse', r,
+                        self.router_logits[...].astype(r.dtype))
+    weights, choices = self._router(logits)
+    return self._run_ffw_and_routing(x, choices, weights)
 
   def _router(self, router_logits):
     router_logits = router_logits.astype(jnp.float32)
@@ -181,26 +196,64 @@ class ExactTopKMoE(moe_lib.MoERagged):
         inplace=False,
     )
     if getattr(self, 'record_stats', False):
-      counts = jnp.sum(
-          jax.nn.one_hot(choices, self.num_experts, dtype=jnp.int32),
-          axis=tuple(range(choices.ndim)),
-      )
-      self.sow(nnx.Intermediate, 'moe_tokens_per_expert', counts)
+      self.sow(nnx.Intermediate, 'moe_choices', choices)
     return weights, choices
+
+
+def decoder_block(layer, x, segment_pos, cache, attn_mask,
+                  per_layer_input=None, kv_shared_cache=None):
+  """One Gemma 4 decoder layer: (cache, output, (K, V)).
+
+  tunix 0.1.7's `DecoderLayer.block`, except that the experts' router reads
+  the residual stream (as Hugging Face's Gemma 4 does).
+  """
+  cache, attn, kv = layer.attn(layer.pre_attention_norm(x), segment_pos,
+                               cache, attn_mask,
+                               kv_shared_cache=kv_shared_cache)
+  residual = layer.post_attention_norm(attn) + x
+  ffw = layer.mlp(layer.pre_ffw_norm(residual))
+  if layer.config.enable_moe:
+    experts = layer.moe(layer.moe_pre_ffw_norm(residual),
+                        router_input=residual)
+    ffw = (layer.dense_post_ffw_norm(ffw)
+           + layer.moe_post_ffw_norm(experts))
+  out = layer.post_ffw_norm(ffw) + residual
+  if layer.config.per_layer_input_dim > 0 and per_layer_input is not None:
+    mapped = jax.nn.gelu(layer.per_layer_input_gate(out)) * per_layer_input
+    out = out + layer.post_per_layer_input_norm(
+        layer.per_layer_projection(mapped))
+  return cache, out * layer.skip_scale[...], kv
+
+
+class DecoderLayer(model_lib.DecoderLayer):
+  """tunix's Gemma 4 decoder layer computing `decoder_block`."""
+
+  block = decoder_block
 
 
 class Gemma4(model_lib.Gemma4):
   """tunix's Gemma 4 that can return its final hidden states.
 
-  Built with `ExactTopKMoE` experts. `output_hidden_states=True` sows the
+  Built with `DecoderLayer`s (`decoder_block`) and `ExactTopKMoE` experts.
+  `output_hidden_states=True` sows the
   final-normed hidden states [B, L, D] as 'all_hidden_states' (tunix's Gemma
   3 convention); the logits are still returned, softcapped (unused, XLA
   removes their matmul under jit).
   """
 
+  @staticmethod
+  def kv_donors(cfg):
+    """Per layer, the layer whose K/V it uses (itself unless KV-shared)."""
+    pattern = cfg.attention_pattern or model_lib.GEMMA4_ATTENTION_PATTERN
+    kinds = tuple(pattern[i % len(pattern)] for i in range(cfg.num_layers))
+    return model_lib.create_kv_cache_sharing_patterns(
+        num_layers=cfg.num_layers, frac_shared_layers=cfg.frac_shared_layers,
+        share_global=True, share_local=True, attention_types=kinds)
+
   def __init__(self, config, *, rngs):
     super().__init__(config, rngs=rngs)
     for layer in self.layers:
+      layer.__class__ = DecoderLayer
       if hasattr(layer, 'moe'):
         layer.moe.__class__ = ExactTopKMoE
 
@@ -250,15 +303,14 @@ class Gemma4(model_lib.Gemma4):
 
 
 def router_stats(model, tokens, input_mask):
-  """Tokens per expert of every MoE layer on one batch ({layer: [E] int}).
+  """[MoE layers, experts] int32: real tokens routed to each expert.
 
-  Runs the model once with the routers recording. Padding rows are routed
-  too (the router sees every position); the counts therefore cover
-  B * L * top_k choices per layer.
+  Runs the model once with the routers recording their choices; padding
+  positions are not counted. Each real token counts once per expert among
+  its top-k, so every row sums to (real tokens) x top_k.
   """
-  moes = [(i, layer.moe) for i, layer in enumerate(model.layers)
-          if hasattr(layer, 'moe')]
-  for _, m in moes:
+  moes = [layer.moe for layer in model.layers if hasattr(layer, 'moe')]
+  for m in moes:
     m.record_stats = True
   try:
     def forward(module):
@@ -266,9 +318,35 @@ def router_stats(model, tokens, input_mask):
 
     _, sown = nnx.capture(forward, nnx.Intermediate)(model)
   finally:
-    for _, m in moes:
+    for m in moes:
       m.record_stats = False
-  return sown
+  real = input_mask.astype(jnp.int32)
+  counts = []
+  for _, var in sorted(nnx.to_flat_state(sown),
+                       key=lambda item: int(item[0][1])):
+    choices = var.get_value()[0]  # [B, L, k]
+    one_hot = jax.nn.one_hot(choices, moes[0].num_experts, dtype=jnp.int32)
+    counts.append(jnp.einsum('blke,bl->e', one_hot, real))
+  return jnp.stack(counts)
+
+
+def load_scalars(counts):
+  """Logged load-balance figures of `router_stats` counts (host numpy).
+
+  moe/max_load and moe/min_load: the busiest and idlest expert's tokens
+  over the mean per expert (1 = balanced), worst layer; moe/idle_experts:
+  experts that got no token, summed over layers; moe/dropped_tokens: 0,
+  the routing is dropless.
+  """
+  counts = np.asarray(counts, np.float64)
+  mean = np.maximum(counts.mean(axis=1, keepdims=True), 1e-9)
+  share = counts / mean
+  return {
+      'moe/max_load': float(share.max(axis=1).max()),
+      'moe/min_load': float(share.min(axis=1).min()),
+      'moe/idle_experts': float((counts == 0).sum()),
+      'moe/dropped_tokens': 0.0,
+  }
 
 
 def _causal(input_mask):

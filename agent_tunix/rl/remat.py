@@ -14,6 +14,8 @@ import jax.numpy as jnp
 from tunix.models.gemma3 import model as gemma3_lib
 from tunix.models.gemma4 import model as gemma4_lib
 
+from agent_tunix.models import gemma4 as gemma4_policy
+
 # 'block' is tunix's RematConfig.BLOCK; 'layer' is ours
 # (`_LayerRematDecoderLayer`), not tunix's DECODER, whose jax.checkpoint
 # recomputation XLA CPU schedules early (no memory saved).
@@ -116,7 +118,7 @@ class _LayerRematGemma4DecoderLayer(gemma4_lib.DecoderLayer):
     def block(diff, frozen):
       lora_state, inputs, layer_cache, per_layer, shared = diff
       layer = nnx.merge(graphdef, lora_state, frozen, copy=True)
-      return gemma4_lib.DecoderLayer.block(
+      return gemma4_policy.decoder_block(
           layer, inputs, segment_pos, layer_cache, attn_mask, per_layer,
           shared,
       )

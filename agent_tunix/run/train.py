@@ -39,6 +39,7 @@ import jax
 import numpy as np
 
 from agent_tunix import models
+from agent_tunix.models import gemma4 as gemma4_lib
 from agent_tunix import rewards
 from agent_tunix.config import validation
 from agent_tunix.data import pipeline
@@ -383,6 +384,11 @@ def rollout_dynamic(session, batch, step):
   return update, scalars, samples, gen_tokens
 
 
+# Tokens per expert of a Gemma 4 mixture of experts on the update batch
+# (one more forward; MoE presets only).
+_ROUTER_STATS = nnx.jit(gemma4_lib.router_stats)
+
+
 def update_policy(session, update):
   """Reference/old log-probs as needed, then num_iterations updates.
 
@@ -413,6 +419,9 @@ def update_policy(session, update):
         session.model, session.optimizer, batch, session.hp
     )
   scalars = {k: float(sharding.to_host(v)) for k, v in step_metrics.items()}
+  if getattr(session.model.config, 'enable_moe', False):
+    counts = _ROUTER_STATS(session.model, batch['tokens'], batch['input_mask'])
+    scalars.update(gemma4_lib.load_scalars(sharding.to_host(counts)))
   if session.hp.beta > 0:
     scalars['kl_coeff'] = session.kl_coeff
   if config.grpo.kl_target > 0:
