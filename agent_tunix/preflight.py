@@ -121,11 +121,24 @@ _JUDGE_OVERHEAD_TOKENS = 128
 EPISODE_DECODE = 'episodes.EpisodeRollout.decode_fn'
 
 
-# The TPU compiler's refusal of a program larger than the HBM.
+# The TPU compiler's refusal of a program larger than the HBM, in the two
+# wordings libtpu has used ('... (17.2G) exceeds available HBM' and
+# 'Ran out of memory in memory space hbm. Used 15.84G of 15.75G hbm.').
 _OUT_OF_HBM = re.compile(
     r'RESOURCE_EXHAUSTED: Ran out of memory on HBM.*? \(([\d.]+)([KMGT]?)\) '
     r'exceeds available HBM'
+    r'|Ran out of memory in memory space hbm\. Used ([\d.]+)([KMGT]?) of'
 )
+
+
+def hbm_refusal_bytes(message):
+  """Bytes the compiler said a refused program needs, or None."""
+  match = _OUT_OF_HBM.search(message)
+  if not match:
+    return None
+  groups = match.groups()
+  value, unit = groups[:2] if groups[0] is not None else groups[2:]
+  return tpu_topology.parse_bytes(value, unit)
 
 
 class GemmaSpecialTokens:
@@ -430,13 +443,12 @@ class _Compiler:
     try:
       compiled = lowered.compile()
     except jax.errors.JaxRuntimeError as e:
-      match = _OUT_OF_HBM.search(str(e))
-      if not match:
+      needed = hbm_refusal_bytes(str(e))
+      if needed is None:
         raise
       self._add(_refused(
           name, calls_per_step, arg_bytes, resident_bytes, start,
-          str(e).strip().splitlines()[0],
-          tpu_topology.parse_bytes(*match.groups()), function))
+          str(e).strip().splitlines()[0], needed, function))
       return None
     seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()

@@ -28,7 +28,11 @@ def get_config(arg=None):
   config.model.source = 'gguf'
   # Architecture preset: gemma3_270m, gemma3_270m_it, gemma3_1b_pt,
   # gemma3_1b_it, gemma3_4b_pt, gemma3_4b_it, gemma3_12b_pt, gemma3_12b_it,
-  # gemma3_27b_pt, gemma3_27b_it, or tiny (a small random model for tests).
+  # gemma3_27b_pt, gemma3_27b_it, tiny (a small random model for tests);
+  # Gemma 4: gemma4_e2b, gemma4_e4b, gemma4_12b, gemma4_26b_a4b (mixture of
+  # experts), gemma4_31b, each also as <name>_it, and tiny_gemma4 /
+  # tiny_gemma4_moe (small random models for tests). Gemma 4 loads from
+  # 'hf', 'kaggle', 'orbax' or 'random' (not 'gguf').
   config.model.preset = 'gemma3_270m'
   # Weights location; '' means the source's default (the packaged GGUF for
   # 'gguf'). A file for 'gguf', a directory or repo id for 'hf', a handle for

@@ -388,3 +388,43 @@ def test_abstract_policy_is_placed_like_the_trainer():
   assert trainer_opt == opt
   # The check can fail: some weights are really sharded on this mesh.
   assert any("'fsdp'" in spec for spec, _ in model.values())
+
+
+def test_hbm_refusals_in_both_compiler_wordings():
+  old = ('RESOURCE_EXHAUSTED: Ran out of memory on HBM: program needs '
+         'more (17.25G) exceeds available HBM (15.75G)')
+  new = ('RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile '
+         'permanent error. Ran out of memory in memory space hbm. Used '
+         '15.84G of 15.75G hbm. Exceeded hbm capacity by 99.69M.')
+  assert preflight.hbm_refusal_bytes(old) == tpu_topology.parse_bytes(
+      '17.25', 'G')
+  assert preflight.hbm_refusal_bytes(new) == tpu_topology.parse_bytes(
+      '15.84', 'G')
+  assert preflight.hbm_refusal_bytes('INTERNAL: something else') is None
+
+
+def test_gemma4_31b_on_a_small_slice_is_refused_before_compiling():
+  cmd = [sys.executable, '-m', 'agent_tunix.preflight',
+         '--config=configs/gemma4_e2b.py', '--config.model.preset=gemma4_31b',
+         '--topology=v5e:2x2']
+  out = subprocess.run(cmd, cwd=_REPO, capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ))
+  assert out.returncode == 1, out.stderr[-2000:]
+  reason = [line for line in out.stderr.splitlines()
+            if line.startswith('preflight: ')]
+  assert len(reason) == 1, out.stderr[-2000:]
+  assert 'gemma4_31b does not fit v5e:2x2' in reason[0]
+  assert 'GiB of HBM per chip' in reason[0]
+  assert 'Compiling' not in out.stderr
+
+
+def test_tiny_gemma4_programs_compile():
+  cmd = [sys.executable, '-m', 'agent_tunix.preflight',
+         '--config=configs/tiny_gemma4.py', '--topology=v5e:2x2']
+  out = subprocess.run(cmd, cwd=_REPO, capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ))
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+  for program in ('rollout_prefill', 'rollout_decode', 'reference_logps',
+                  'update'):
+    assert program in out.stdout
+  assert 'FITS' in out.stdout

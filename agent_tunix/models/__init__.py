@@ -1,4 +1,4 @@
-"""Gemma 3 policies: weights by source, tokenizer, LoRA, the CPU decode graph.
+"""Gemma 3 and 4 policies: weights by source, tokenizer, LoRA, CPU decode graph.
 
 A bottom layer: modules here import only each other, never another part of
 agent_tunix.

@@ -1,4 +1,4 @@
-"""LoRA adapters (qwix) on the frozen Gemma 3 backbone.
+"""LoRA adapters (qwix) on the frozen Gemma backbone.
 
 Only `nnx.LoRAParam` variables are trainable. qwix wraps the model's
 `__call__`; the unwrapped class (`_unquantized_type`) runs the same module
