@@ -764,8 +764,12 @@ def write_merged(directory, model, tokenizer, config, dtype='float32',
                     HF_DTYPES[dtype])
   _write_json(os.path.join(directory, 'config.json'),
               hf_config(config, tokenizer, dtype))
-  with open(os.path.join(directory, 'tokenizer.model'), 'wb') as f:
-    f.write(tokenizer.serialized_model_proto())
+  if hasattr(tokenizer, 'to_json'):  # A tokenizer.json (Gemma 4 from HF).
+    with open(os.path.join(directory, 'tokenizer.json'), 'w') as f:
+      f.write(tokenizer.to_json())
+  else:
+    with open(os.path.join(directory, 'tokenizer.model'), 'wb') as f:
+      f.write(tokenizer.serialized_model_proto())
   for name, content in tokenizer_files(config, tokenizer).items():
     _write_json(os.path.join(directory, name), content)
   with open(os.path.join(directory, 'README.md'), 'w') as f:

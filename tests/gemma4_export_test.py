@@ -143,3 +143,44 @@ def test_merged_and_peft_layouts(preset, tmp_path):
   assert any('self_attn.k_proj.lora_A' in n for n in adapter)
   with pytest.raises(export.ExportError, match='Gemma 4'):
     export.export(model, tokenizer, config, 'gguf', str(tmp_path / 'x.gguf'))
+
+
+def _tokenizer_json(path):
+  """A small Gemma-like tokenizer.json: special pieces, turn markers, BPE."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  vocab = {'<pad>': 0, '<eos>': 1, '<bos>': 2, '<unk>': 3, '<|turn>': 4,
+           '<turn|>': 5}
+  for ch in 'abcdefghijklmnopqrstuvwxyz 0123456789+=?\n':
+    vocab[ch] = len(vocab)
+  merges = [('a', 'b'), ('ab', 'c')]
+  for a, b in merges:
+    vocab[a + b] = len(vocab)
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE(
+      vocab=vocab, merges=merges, unk_token='<unk>'))
+  tok.add_special_tokens(['<pad>', '<eos>', '<bos>', '<unk>', '<|turn>',
+                          '<turn|>'])
+  tok.decoder = tokenizers.decoders.Fuse()
+  tok.save(path)
+  return vocab
+
+
+def test_a_directory_with_only_tokenizer_json(tmp_path):
+  from agent_tunix.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from agent_tunix.rl import rollout  # pylint: disable=g-import-not-at-top
+  vocab = _tokenizer_json(str(tmp_path / 'tokenizer.json'))
+  config = tiny_gemma4.get_config()
+  config.model.source, config.model.path = 'hf', str(tmp_path)
+  tok = gemma.load_tokenizer(config.model)
+  assert isinstance(tok, tokenizer_lib.JsonTokenizer)
+  assert (tok.pad_id(), tok.eos_id(), tok.bos_id(), tok.unk_id()) == (
+      0, 1, 2, 3)
+  ids = tok.encode('<|turn>user\nabc 2+2=?<turn|>')
+  assert ids[:2] == [vocab['<|turn>'], vocab['u']]
+  assert vocab['abc'] in ids and ids[-1] == vocab['<turn|>']
+  # <bos>/<eos>/<pad> are dropped by decode, turn markers kept.
+  assert tok.decode([tok.bos_id()] + ids + [tok.eos_id(), 0]) == (
+      '<|turn>user\nabc 2+2=?<turn|>')
+  assert tok.piece_to_id('<turn|>') == 5 and tok.piece_to_id('zz') == 3
+  assert tok.id_to_piece(4) == '<|turn>'
+  assert tok.get_piece_size() == len(vocab)
+  assert rollout.end_token_ids(tok) == [1, 5]

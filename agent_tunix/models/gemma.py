@@ -349,7 +349,12 @@ def _check_shapes(model, cfg, source_name):
 
 
 def load_tokenizer(model_cfg):
-  """The SentencePiece tokenizer that matches `config.model`."""
+  """The tokenizer that matches `config.model`.
+
+  SentencePiece (model.tokenizer_path, a GGUF's vocabulary, or the
+  checkpoint's tokenizer.model); a Hugging Face directory with only a
+  tokenizer.json gets `tokenizer.JsonTokenizer`.
+  """
   source = model_cfg.source
   if model_cfg.tokenizer_path:
     return tokenizer_lib.load_sentencepiece(model_cfg.tokenizer_path)
@@ -360,6 +365,10 @@ def load_tokenizer(model_cfg):
     return tokenizer_lib.load_gguf_tokenizer(path, model_cfg.cache_dir)
   if source == 'hf':
     local = _hf_local_dir(model_cfg.path)
+    if (not os.path.exists(os.path.join(local, 'tokenizer.model'))
+        and os.path.exists(os.path.join(local, 'tokenizer.json'))):
+      # Gemma 4's repos ship only tokenizer.json.
+      return tokenizer_lib.JsonTokenizer(os.path.join(local, 'tokenizer.json'))
     return tokenizer_lib.load_sentencepiece(
         os.path.join(local, 'tokenizer.model')
     )

@@ -340,3 +340,64 @@ def encode_with_bos(tok, text):
         'prompt.'
     )
   return [bos] + tok.encode(text)
+
+
+class JsonTokenizer:
+  """A Hugging Face `tokenizer.json`, read by the `tokenizers` library.
+
+  Gemma 4's Hugging Face repos ship their tokenizer as tokenizer.json. This
+  class gives it the SentencePiece methods agent_tunix and tunix's sampler
+  call (encode, decode, the special ids, piece lookups). As SentencePiece
+  does with Gemma's control pieces, `decode` leaves out <pad>, <bos> and
+  <eos> and keeps every other token's text (turn markers included); `encode`
+  adds no special token (callers put <bos> in front themselves).
+  """
+
+  SPECIAL = {'pad': '<pad>', 'eos': '<eos>', 'bos': '<bos>', 'unk': '<unk>'}
+
+  def __init__(self, path):
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    self.path = path
+    self._tok = tokenizers.Tokenizer.from_file(path)
+    self._ids = {}
+    for role, piece in self.SPECIAL.items():
+      token = self._tok.token_to_id(piece)
+      if token is None and role != 'unk':
+        raise ValueError(
+            f'{path}: the tokenizer has no {piece} token; expected a Gemma '
+            'tokenizer.json.')
+      self._ids[role] = -1 if token is None else token
+    self._hidden = {self._ids[r] for r in ('pad', 'bos', 'eos')}
+
+  def encode(self, text, **unused):
+    return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+  def decode(self, ids, **unused):
+    ids = [int(i) for i in ids if int(i) not in self._hidden]
+    return self._tok.decode(ids, skip_special_tokens=False)
+
+  def pad_id(self):
+    return self._ids['pad']
+
+  def eos_id(self):
+    return self._ids['eos']
+
+  def bos_id(self):
+    return self._ids['bos']
+
+  def unk_id(self):
+    return self._ids['unk']
+
+  def piece_to_id(self, piece):
+    token = self._tok.token_to_id(piece)
+    return self.unk_id() if token is None else token
+
+  def id_to_piece(self, token):
+    return self._tok.id_to_token(int(token))
+
+  def get_piece_size(self):
+    return self._tok.get_vocab_size()
+
+  def to_json(self):
+    """The tokenizer.json text (what an export writes)."""
+    return self._tok.to_str()
