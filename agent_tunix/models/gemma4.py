@@ -112,25 +112,18 @@ def tiny_moe_config(**kwargs):
   """A 3-layer random Gemma 4 mixture of experts (26B-A4B's layout)."""
   fields = dict(
       num_layers=3,
-      num_embed=VOCAB_SIZE,
-      embed_dim=32,
       hidden_dim=32,
-      num_heads=4,
-      head_dim=16,
-      num_kv_heads=2,
-      num_global_kv_heads=1,
-      global_key_size=24,
-      sliding_window_size=16,
-      k_eq_v_global=True,
+      per_layer_input_dim=0,
+      frac_shared_layers=0.0,
+      override_kv_shared_ffw_hidden=None,
       enable_moe=True,
       num_experts=4,
       num_experts_per_tok=2,
       expert_dim=16,
       moe_dense_hidden_dim=32,
-      attention_pattern=(_L, _L, _G),
   )
   fields.update(kwargs)
-  return ModelConfig(**fields)
+  return tiny_config(**fields)
 
 
 TINY_PRESETS = {'tiny_gemma4': tiny_config, 'tiny_gemma4_moe': tiny_moe_config}
