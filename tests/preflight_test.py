@@ -419,12 +419,14 @@ def test_gemma4_31b_on_a_small_slice_is_refused_before_compiling():
 
 
 def test_tiny_gemma4_programs_compile():
-  cmd = [sys.executable, '-m', 'agent_tunix.preflight',
-         '--config=configs/tiny_gemma4.py', '--topology=v5e:2x2']
-  out = subprocess.run(cmd, cwd=_REPO, capture_output=True, text=True,
-                       timeout=600, env=dict(os.environ))
-  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-  for program in ('rollout_prefill', 'rollout_decode', 'reference_logps',
-                  'update'):
-    assert program in out.stdout
-  assert 'FITS' in out.stdout
+  from configs import tiny_gemma4  # pylint: disable=g-import-not-at-top
+  config = tiny_gemma4.get_config(
+      'training.batch_size=4,training.micro_batch_size=2')
+  config.mesh.shape = (2, 2)  # Heads over 'tp' too.
+  result = preflight.run(config, 'v5e:2x2')
+  programs = _by_name(result)
+  assert set(programs) == {'rollout_prefill', 'rollout_decode',
+                           'reference_logps', 'policy_logps', 'update'}
+  for p in programs.values():
+    assert p['fits'] and p['argument_bytes'] > 0 and p['flops'] > 0, p
+  assert result['fits'] and result['config']['preset'] == 'tiny_gemma4'

@@ -249,6 +249,7 @@ class Gemma4(model_lib.Gemma4):
       layer.__class__ = DecoderLayer
       if hasattr(layer, 'moe'):
         layer.moe.__class__ = ExactTopKMoE
+    _unshard_unit_dims(self)
 
   def __call__(self, tokens, positions=None, cache=None, attention_mask=None,
                decode_only_last_token=False, segment_ids=None,
@@ -293,6 +294,26 @@ class Gemma4(model_lib.Gemma4):
       x = x[:, -1:, :]
     logits = apply_softcap(self.embedder.decode(x), self.config.final_logit_softcap)
     return logits, (None if cache is None else new_cache)
+
+
+def _unshard_unit_dims(model):
+  """Drops mesh axes from the sharding of parameter dimensions of size 1.
+
+  tunix shards the K = V projection `k_einsum` [K, D, H] over 'tp' on its
+  KV-head axis, which has size 1 on the 12B's global layers (and the tiny
+  models'): any 'tp' > 1 then fails to place it. A size-1 dimension is
+  never split; its entry becomes None (qwix's LoRA factors inherit this).
+  """
+  for _, var in nnx.iter_graph(model):
+    if not isinstance(var, nnx.Param):
+      continue
+    spec = var.get_metadata().get('out_sharding')
+    if not spec or len(spec) != len(var.shape):
+      continue
+    fixed = tuple(None if size == 1 else axis
+                  for axis, size in zip(spec, var.shape))
+    if fixed != tuple(spec):
+      var.set_metadata('out_sharding', fixed)
 
 
 def router_stats(model, tokens, input_mask):
