@@ -107,6 +107,7 @@ def _config(batch_size, pass_at_k):
       max_prompt_length=4, temperature=0.7, top_k=5, top_p=0.9))
   config.eval = ml_collections.ConfigDict(dict(
       batch_size=batch_size, max_generation_steps=6, pass_at_k=pass_at_k))
+  config.data = ml_collections.ConfigDict(dict(thinking=False))
   return config
 
 
