@@ -184,3 +184,19 @@ def test_a_directory_with_only_tokenizer_json(tmp_path):
   assert tok.id_to_piece(4) == '<|turn>'
   assert tok.get_piece_size() == len(vocab)
   assert rollout.end_token_ids(tok) == [1, 5]
+
+
+def test_tiny_moe_trains_two_steps_and_logs_expert_load(tmp_path):
+  done = subprocess.run(
+      [sys.executable, '-m', 'agent_tunix.main',
+       '--config=configs/tiny_gemma4.py:model.preset=tiny_gemma4_moe',
+       f'--workdir={tmp_path}'],
+      cwd=_REPO, env=_env(), capture_output=True, text=True, timeout=600,
+      check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  final = json.loads(done.stdout.strip().splitlines()[-1])
+  assert final['step'] == 2
+  logged = [line for line in done.stderr.splitlines()
+            if '] [2] ' in line and 'moe/max_load=' in line]
+  assert logged, done.stderr[-3000:]
+  assert 'moe/dropped_tokens=0' in logged[0]
