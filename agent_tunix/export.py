@@ -504,12 +504,12 @@ def _check_exportable(cfg):
 def hf_config(config, tokenizer, dtype='float32'):
   """config.json (Gemma3ForCausalLM; Gemma 4: see gemma4_hf.hf_config)."""
   cfg = gemma.model_config(config.model)
+  token_ids = {'bos_token_id': tokenizer.bos_id(),
+               'eos_token_id': tokenizer.eos_id(),
+               'pad_token_id': max(tokenizer.pad_id(), 0)}
   if gemma.is_gemma4(config.model.preset):
     return gemma4_hf.hf_config(
-        cfg, context_length(config.model.preset),
-        {'bos_token_id': tokenizer.bos_id(),
-         'eos_token_id': tokenizer.eos_id(),
-         'pad_token_id': max(tokenizer.pad_id(), 0)}, dtype)
+        cfg, context_length(config.model.preset), token_ids, dtype)
   _check_exportable(cfg)
   rope_scaling = None
   if cfg.global_scale_factor != 1.0:
@@ -541,9 +541,7 @@ def hf_config(config, tokenizer, dtype='float32'):
       'tie_word_embeddings': True,
       'initializer_range': 0.02,
       'use_cache': True,
-      'bos_token_id': tokenizer.bos_id(),
-      'eos_token_id': tokenizer.eos_id(),
-      'pad_token_id': max(tokenizer.pad_id(), 0),
+      **token_ids,
       'torch_dtype': dtype,
   }
 

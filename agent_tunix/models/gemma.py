@@ -277,8 +277,9 @@ def _read_gemma4_safetensors(directory, cfg):
   if skipped:
     logging.info('%s: skipped %d tensors outside the text decoder.',
                  directory, skipped)
-  abstract = _flat_state(abstract_model(cfg))
-  sharing = gemma4_lib.Gemma4.kv_donors(cfg)
+  model = abstract_model(cfg)
+  abstract = _flat_state(model)
+  sharing = model.kv_cache_sharing_patterns
   filled = []
   for path, var in abstract.items():
     m = re.fullmatch(r'layers\.(\d+)\.attn\.(kv_einsum\.w|k_einsum\.w|'

@@ -19,8 +19,7 @@ what the rest of agent_tunix needs from them:
   0.1.7 uses `jax.lax.approx_max_k`, whose TPU result may differ from the
   exact top-k, so the sampler and the trainer could route some tokens to
   different experts and the importance ratio would carry that error.
-  Routing statistics (tokens per expert) are sown as
-  'moe_tokens_per_expert' when asked for (`router_stats`).
+  Routing statistics (tokens per expert) come from `router_stats`.
 
 Everything GRPO computes from logits applies Gemma 4's final-logit softcap
 (`logit_softcap`): tanh(logits / 30) * 30.
@@ -37,6 +36,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tunix.generate import utils as sampler_utils
 from tunix.models.gemma4 import model as model_lib
 from tunix.models.gemma4 import moe as moe_lib
 
@@ -71,10 +71,8 @@ _FACTORIES = {
 }
 # Preset name -> ModelConfig factory; '_it' names are the instruction-tuned
 # checkpoints of the same architecture.
-PRESETS = {}
-for _size, _factory in _FACTORIES.items():
-  PRESETS[f'gemma4_{_size}'] = _factory
-  PRESETS[f'gemma4_{_size}_it'] = _factory
+PRESETS = {f'gemma4_{size}{suffix}': factory
+           for size, factory in _FACTORIES.items() for suffix in ('', '_it')}
 VOCAB_SIZE = 262144
 SOFTCAP = 30.0
 
@@ -147,9 +145,8 @@ def model_config(preset, dtype):
 
 
 def logit_softcap(cfg):
-  """The final-logit softcap of a tunix ModelConfig (None: none)."""
-  return getattr(cfg, 'final_logit_softcap', None) if is_gemma4_config(
-      cfg) else None
+  """The final-logit softcap of a tunix ModelConfig (None: none, Gemma 3)."""
+  return getattr(cfg, 'final_logit_softcap', None)
 
 
 def apply_softcap(logits, softcap):
@@ -234,15 +231,6 @@ class Gemma4(model_lib.Gemma4):
   removes their matmul under jit).
   """
 
-  @staticmethod
-  def kv_donors(cfg):
-    """Per layer, the layer whose K/V it uses (itself unless KV-shared)."""
-    pattern = cfg.attention_pattern or model_lib.GEMMA4_ATTENTION_PATTERN
-    kinds = tuple(pattern[i % len(pattern)] for i in range(cfg.num_layers))
-    return model_lib.create_kv_cache_sharing_patterns(
-        num_layers=cfg.num_layers, frac_shared_layers=cfg.frac_shared_layers,
-        share_global=True, share_local=True, attention_types=kinds)
-
   def __init__(self, config, *, rngs):
     super().__init__(config, rngs=rngs)
     for layer in self.layers:
@@ -292,7 +280,8 @@ class Gemma4(model_lib.Gemma4):
       self.sow(nnx.Intermediate, 'all_hidden_states', x)
     if decode_only_last_token:
       x = x[:, -1:, :]
-    logits = apply_softcap(self.embedder.decode(x), self.config.final_logit_softcap)
+    logits = apply_softcap(self.embedder.decode(x),
+                           self.config.final_logit_softcap)
     return logits, (None if cache is None else new_cache)
 
 
@@ -328,7 +317,8 @@ def router_stats(model, tokens, input_mask):
     m.record_stats = True
   try:
     def forward(module):
-      module(tokens, None, None, _causal(input_mask))
+      module(tokens, None, None, sampler_utils.make_causal_attn_mask(
+          input_mask, tokens.shape[1]))
 
     _, sown = nnx.capture(forward, nnx.Intermediate)(model)
   finally:
@@ -361,9 +351,3 @@ def load_scalars(counts):
       'moe/idle_experts': float((counts == 0).sum()),
       'moe/dropped_tokens': 0.0,
   }
-
-
-def _causal(input_mask):
-  length = input_mask.shape[-1]
-  causal = jnp.tril(jnp.ones((length, length), jnp.bool_))
-  return causal[None] & input_mask.astype(jnp.bool_)[:, None, :]

@@ -39,11 +39,11 @@ import jax
 import numpy as np
 
 from agent_tunix import models
-from agent_tunix.models import gemma4 as gemma4_lib
 from agent_tunix import rewards
 from agent_tunix.config import validation
 from agent_tunix.data import pipeline
 from agent_tunix.data import prompts
+from agent_tunix.models import gemma4 as gemma4_lib
 from agent_tunix.observe import metrics as metrics_lib
 from agent_tunix.rl import dynamic_sampling
 from agent_tunix.rl import episode_stats
