@@ -50,15 +50,15 @@ def test_tool_prompts_are_turns_with_instructions_and_worked_calls():
   prompt = prompts.format_prompt(question, config)
   # A short tool list opens the first user turn (the worked episodes show
   # the answer format: no system prompt).
-  assert prompt.startswith('<start_of_turn>user\nTools (call one as in the '
-                           'examples')
+  assert prompt.startswith('<start_of_turn>user\nTools (each result comes '
+                           'back in the next turn):\ncalculator(')
   assert 'calculator(expression): Evaluates' in prompt
   assert config.data.system_prompt not in prompt
-  # Two worked episodes (a call, its result, the answer), then the question
-  # and the opened model turn.
-  assert prompt.count('[calculator(expression="') == 2
-  assert prompt.count('<tool_response>\n') == 2
-  assert prompt.count('<start_of_turn>model\n') == 5
+  # Three worked episodes (a call, its result, the answer), then the
+  # question and the opened model turn.
+  assert prompt.count('[calculator(expression="') == 3
+  assert prompt.count('<tool_response>\n') == 3
+  assert prompt.count('<start_of_turn>model\n') == 7
   assert prompt.endswith(
       f'<start_of_turn>user\n{question}<end_of_turn>\n<start_of_turn>model\n')
   for shot in prompts.TOOL_FEW_SHOT_EXAMPLES:  # The results are right.
