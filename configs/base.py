@@ -330,8 +330,9 @@ def get_config(arg=None):
   config.agent.environment = ''
   # How calls and results are written: 'gemma3' (a Python-style call list
   # ending the model turn, results come back as a user turn in
-  # <tool_response>) or 'functiongemma' (FunctionGemma's tool tokens; the
-  # tokenizer must have them).
+  # <tool_response>), 'functiongemma' (FunctionGemma's tool tokens; the
+  # tokenizer must have them) or 'gemma4' (Gemma 4's native tool tokens and
+  # turns; the one format for Gemma 4 presets).
   config.agent.format = 'gemma3'
   # Text that completes a final answer: a model turn that holds it is over
   # without <end_of_turn> (a pretrained model copying a few-shot prompt

@@ -37,6 +37,8 @@ def get_config(arg=None):
   config.model.path = _PATH
   config.model.lora_module_path = base.GEMMA4_LORA_MODULES
   config.mesh.shape = (-1, 2)
+  # With agent.tools: Gemma 4's own turns and tool tokens.
+  config.agent.format = 'gemma4'
   config = base.apply_arg(config, arg)
   if config.model.preset.endswith('_it') and config.model.path == _PATH:
     config.model.path += '-it'

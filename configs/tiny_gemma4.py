@@ -17,4 +17,6 @@ def get_config(arg=None):
   config = tiny.get_config()
   config.model.preset = 'tiny_gemma4'
   config.model.lora_module_path = base.GEMMA4_LORA_MODULES
+  # With agent.tools: Gemma 4's own turns and tool tokens.
+  config.agent.format = 'gemma4'
   return base.apply_arg(config, arg)

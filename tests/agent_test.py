@@ -30,6 +30,7 @@ _TEST_LIMIT_S = 30
 
 GEMMA3 = formats.get('gemma3')
 FUNCTIONGEMMA = formats.get('functiongemma')
+GEMMA4 = formats.get('gemma4')
 CALCULATOR = tools_lib.BUILTINS['calculator']
 
 
@@ -571,9 +572,18 @@ def test_format_attributes():
   assert {'<start_function_call>', '<end_function_call>',
           '<start_function_response>', '<end_function_response>',
           '<escape>'} <= set(FUNCTIONGEMMA.required_pieces)
-  assert sorted(formats.FORMATS) == ['functiongemma', 'gemma3']
-  with pytest.raises(ValueError, match='functiongemma, gemma3'):
-    formats.get('gemma4')
+  assert sorted(formats.FORMATS) == ['functiongemma', 'gemma3', 'gemma4']
+  with pytest.raises(ValueError, match='functiongemma, gemma3, gemma4'):
+    formats.get('gemma5')
+  # Gemma 4: its own turns, a system role, the row stops at <|tool_response>.
+  assert GEMMA4.stop_pieces == ('<|tool_response>',) == (GEMMA4.call_end,)
+  assert (GEMMA4.turn_start, GEMMA4.turn_end, GEMMA4.system_role) == (
+      '<|turn>', '<turn|>', 'system')
+  assert {'<|turn>', '<turn|>', '<|tool_call>', '<tool_call|>',
+          '<|tool_response>', '<tool_response|>', '<|tool>', '<tool|>',
+          '<|"|>'} == set(GEMMA4.required_pieces)
+  assert (GEMMA3.turn_start, FUNCTIONGEMMA.turn_start) == (
+      '<start_of_turn>', '<start_of_turn>')
 
 
 _FG_CALL = ('<start_function_call>call:calculator{expression:<escape>'
@@ -664,8 +674,61 @@ def test_functiongemma_render():
       'type:<escape>OBJECT<escape>}}<end_function_declaration>')
 
 
+_G4_CALL = ('<|tool_call>call:calculator{expression:<|"|>286 * 12<|"|>}'
+            '<tool_call|>')
+
+
+def test_gemma4_parse_render_and_instructions():
+  assert _calls(*GEMMA4.parse(_G4_CALL)) == [
+      ('calculator', {'expression': '286 * 12'})]
+  assert _calls(*GEMMA4.parse(_G4_CALL + '<|tool_response>')) == [
+      ('calculator', {'expression': '286 * 12'})]
+  assert GEMMA4.parse('The answer is 5.') is None
+  assert GEMMA4.parse(_G4_CALL + ' so it is 3432.') is None
+  # FunctionGemma's escape is plain text here, not a string delimiter.
+  with pytest.raises(formats.ToolParseError, match='escaped string'):
+    GEMMA4.parse('<|tool_call>call:f{a:<escape>x<escape>}<tool_call|>')
+  with pytest.raises(formats.ToolParseError, match='unfinished call'):
+    GEMMA4.parse('<|tool_call>call:calculator{expression:<|"|>1')
+  calls = [formats.Call('calculator', {'expression': '1+1', 'n': 5})]
+  text = GEMMA4.render_calls(calls)
+  assert text == ('<|tool_call>call:calculator{expression:<|"|>1+1<|"|>,'
+                  'n:5}<tool_call|>')
+  assert _calls(*GEMMA4.parse(text)) == _calls(*calls)
+  assert GEMMA4.render_results(
+      [formats.Result('a', '1'), formats.Result(None, 'error: x')]) == (
+          'response:a{value:<|"|>1<|"|>}<tool_response|><|tool_response>'
+          'response:error{value:<|"|>error: x<|"|>}<tool_response|>')
+  assert GEMMA4.example_turns(
+      [('calculator', {'expression': '1+1'})], ['2'], 'It is 2.') == (
+          '<|tool_call>call:calculator{expression:<|"|>1+1<|"|>}<tool_call|>'
+          '<|tool_response>response:calculator{value:<|"|>2<|"|>}'
+          '<tool_response|>It is 2.')
+  instructions = GEMMA4.instructions([CALCULATOR])
+  assert instructions.startswith(
+      '<|tool>declaration:calculator{description:<|"|>Evaluates an '
+      'arithmetic expression exactly.<|"|>,parameters:{properties:'
+      '{expression:{description:<|"|>')
+  assert instructions.endswith(
+      'required:[<|"|>expression<|"|>],type:<|"|>OBJECT<|"|>}}<tool|>')
+
+
+def test_environment_with_gemma4(make_env):
+  env = make_env(fmt=GEMMA4)
+  assert env.ends_turn(_G4_CALL) == '<|tool_response>'
+  reply = env.step(_G4_CALL)
+  assert reply.text == ('response:calculator{value:<|"|>3432<|"|>}'
+                        '<tool_response|>')
+  assert env.step('The answer is 3432.').finish == 'answer'
+
+
 @pytest.mark.parametrize('text, expected, count', [
     ('plain text', 'plain text', 0),
+    ('a<turn|>\n<|turn>user\nb', 'a\nuser\nb', 2),
+    ('<|tool_call>call:f{}<tool_call|><|tool_response><tool_response|>'
+     '<|tool><tool|><|"|>', 'call:f{}', 7),
+    ('<|think|><|channel>thought<channel|><|image><|image|><image|>'
+     '<|audio><|audio|><audio|><|video|>', 'thought', 10),
     ('a<end_of_turn>\n<start_of_turn>user\nb', 'a\nuser\nb', 2),
     ('<bos><eos><pad><unk><mask>[multimodal]', '', 6),
     ('<start_of_image><image_soft_token><end_of_image>', '', 3),

@@ -267,6 +267,12 @@ _INVALID = [
      'agent.tool_timeout_s', '> 0'),
     ('unknown_cut_policy', _set(agent__cut_episodes='drop'), 1,
      'agent.cut_episodes', "'mask'"),
+    ('gemma4_format_on_gemma3',
+     _set(agent__tools='calculator', agent__format='gemma4'), 1,
+     'agent.format', "set config.agent.format='gemma3'"),
+    ('gemma3_format_on_gemma4',
+     _set(agent__tools='calculator', model__preset='tiny_gemma4'), 1,
+     'agent.format', "set config.agent.format='gemma4'"),
 ]
 
 

@@ -74,6 +74,32 @@ def test_tool_prompts_are_turns_with_instructions_and_worked_calls():
   assert prompt.count('<start_of_turn>user\n') == 1
 
 
+def test_gemma4_tool_prompts_use_its_turns_and_tool_tokens():
+  config = _config(template='chat')
+  config.model.preset = 'gemma4_e2b_it'
+  config.agent.tools, config.agent.format = 'calculator', 'gemma4'
+  question = 'A van carries 312 crates of 24 cans. How many cans?'
+  prompt = prompts.format_prompt(question, config)
+  # A system turn with the system prompt and the declarations, then the
+  # question; nothing of Gemma 3's turns.
+  assert prompt.startswith('<|turn>system\n' + config.data.system_prompt)
+  assert '<|tool>declaration:calculator{description:<|"|>' in prompt
+  assert prompt.endswith(
+      f'<tool|><turn|>\n<|turn>user\n{question}<turn|>\n<|turn>model\n')
+  assert '<start_of_turn>' not in prompt and '<end_of_turn>' not in prompt
+  config.data.thinking = True
+  assert prompts.format_prompt(question, config).startswith(
+      '<|turn>system\n<|think|>' + config.data.system_prompt)
+  # 'plain' (pretrained): the worked episodes in Gemma 4's tokens.
+  config.data.template, config.data.thinking = 'plain', False
+  prompt = prompts.format_prompt(question, config)
+  assert prompt.startswith('<|turn>system\nTools (each result comes back')
+  assert prompt.count('<|tool_call>call:calculator{expression:<|"|>') == 3
+  assert ('<tool_call|><|tool_response>response:calculator{value:<|"|>187'
+          '<|"|>}<tool_response|><reasoning>187 cards.</reasoning>'
+          '<answer>187</answer><turn|>\n') in prompt
+  assert '<start_of_turn>' not in prompt
+
 def _questions(batch):
   return list(batch['question'])
 

@@ -25,6 +25,7 @@ import safetensors.numpy
 
 from agent_tunix import export
 from agent_tunix import models
+from agent_tunix.agent import formats
 from agent_tunix.models import gemma
 from agent_tunix.models import lora
 from agent_tunix.rl import logprobs
@@ -155,10 +156,13 @@ def _tokenizer_json(path):
   merges = [('a', 'b'), ('ab', 'c')]
   for a, b in merges:
     vocab[a + b] = len(vocab)
+  tool_pieces = list(formats.Gemma4Format.required_pieces[2:])
+  for piece in tool_pieces:
+    vocab[piece] = len(vocab)
   tok = tokenizers.Tokenizer(tokenizers.models.BPE(
       vocab=vocab, merges=merges, unk_token='<unk>'))
   tok.add_special_tokens(['<pad>', '<eos>', '<bos>', '<unk>', '<|turn>',
-                          '<turn|>'])
+                          '<turn|>'] + tool_pieces)
   tok.decoder = tokenizers.decoders.Fuse()
   tok.save(path)
   return vocab
@@ -200,3 +204,32 @@ def test_tiny_moe_trains_two_steps_and_logs_expert_load(tmp_path):
             if '] [2] ' in line and 'moe/max_load=' in line]
   assert logged, done.stderr[-3000:]
   assert 'moe/dropped_tokens=0' in logged[0]
+
+
+def test_gemma4_tool_format_needs_and_uses_its_tool_tokens(tmp_path):
+  from agent_tunix.rl import episodes  # pylint: disable=g-import-not-at-top
+  from agent_tunix.rl import rollout  # pylint: disable=g-import-not-at-top
+  vocab = _tokenizer_json(str(tmp_path / 'tokenizer.json'))
+  config = tiny_gemma4.get_config()
+  config.agent.tools = 'calculator'
+  assert config.agent.format == 'gemma4'
+  model, stand_in = models.build(config, sharding.make_mesh(config.mesh))
+  # The packaged Gemma 3 tokenizer (the tiny models' stand-in) lacks them.
+  with pytest.raises(ValueError, match="Gemma 4's own tokenizer"):
+    episodes.from_config(config, rollout.Rollout(model, stand_in,
+                                                 cache_size=32))
+  config.model.source, config.model.path = 'hf', str(tmp_path)
+  tok = gemma.load_tokenizer(config.model)
+  sampler = rollout.Rollout(model, tok, cache_size=32)
+  episode_rollout = episodes.from_config(config, sampler)
+  try:
+    # A row stops when it samples <|tool_response>, as at <turn|>.
+    assert vocab['<|tool_response>'] in sampler.end_ids
+    assert vocab['<turn|>'] in sampler.end_ids
+    # What the host inserts after a call holds the pieces as single ids.
+    results = [formats.Result('calculator', '12')]
+    ids = tok.encode(formats.get('gemma4').render_results(results))
+    assert ids.count(vocab['<|"|>']) == 2
+    assert ids[-1] == vocab['<tool_response|>']
+  finally:
+    episode_rollout.close()

@@ -3,7 +3,7 @@
 A format reads a finished model turn (`parse`), writes the text the host
 inserts after it (`render_results`), tells the model how to call
 (`instructions`) and renders worked examples for few-shot prompts
-(`example_turns`). Two formats, chosen by name (`get`):
+(`example_turns`). Three formats, chosen by name (`get`):
 
   * 'gemma3': Gemma 3's documented convention. Gemma 3 has no tool tokens:
     a model turn that ends with a Python-style list of keyword calls is a
@@ -27,10 +27,17 @@ inserts after it (`render_results`), tells the model how to call
     `response:NAME{value:<escape>...<escape>}<end_function_response>` and
     the model goes on in the same turn.
 
+  * 'gemma4': Gemma 4's native tool tokens in the same layout:
+    `<|tool_call>call:NAME{key:<|"|>text<|"|>}<tool_call|>`, then the
+    model samples `<|tool_response>` and the host inserts
+    `response:NAME{value:<|"|>...<|"|>}<tool_response|>`. Declarations
+    (`<|tool>declaration:NAME{...}<tool|>`) go in the system turn; turns
+    are `<|turn>ROLE ... <turn|>`.
+
 Calls are read as data only: the 'gemma3' list goes through
 `ast.parse(mode='eval')` and a whitelist of literal nodes, the
-'functiongemma' call through a small hand-written parser. Nothing is ever
-evaluated.
+'functiongemma' and 'gemma4' calls through a small hand-written parser.
+Nothing is ever evaluated.
 
 Tool output may contain text that the tokenizer would read as control
 tokens (a tool echoing model text, a web page); `sanitize` removes them so
@@ -47,9 +54,9 @@ from typing import Any, Protocol
 
 from agent_tunix.agent import tools as tools_lib
 
-# Gemma's control tokens, the image tokens, FunctionGemma's tool tokens and
-# the 'gemma3' format's response tags: none may come from a tool. Any
-# '<unusedN>' piece is removed as well.
+# Gemma 3's and Gemma 4's control tokens, the image tokens, FunctionGemma's
+# and Gemma 4's tool tokens and the 'gemma3' format's response tags: none
+# may come from a tool. Any '<unusedN>' piece is removed as well.
 CONTROL_TOKENS = (
     '<bos>', '<eos>', '<pad>', '<unk>', '<mask>', '[multimodal]',
     '<start_of_turn>', '<end_of_turn>',
@@ -58,6 +65,10 @@ CONTROL_TOKENS = (
     '<start_function_call>', '<end_function_call>',
     '<start_function_response>', '<end_function_response>', '<escape>',
     '<tool_response>', '</tool_response>',
+    '<|turn>', '<turn|>', '<|tool>', '<tool|>', '<|tool_call>',
+    '<tool_call|>', '<|tool_response>', '<tool_response|>', '<|"|>',
+    '<|think|>', '<|channel>', '<channel|>', '<|image>', '<image|>',
+    '<|image|>', '<|audio>', '<audio|>', '<|audio|>', '<|video|>',
 )
 _CONTROL_RE = re.compile(
     '|'.join([re.escape(t) for t in sorted(CONTROL_TOKENS, key=len,
@@ -66,6 +77,8 @@ _CONTROL_RE = re.compile(
 
 START_OF_TURN = '<start_of_turn>'
 END_OF_TURN = '<end_of_turn>'
+GEMMA4_START_OF_TURN = '<|turn>'
+GEMMA4_END_OF_TURN = '<turn|>'
 
 
 class ToolParseError(ValueError):
@@ -146,6 +159,7 @@ class ToolFormat(abc.ABC):
       pieces for this format to work (check at start-up).
     call_end: What the model writes right after its calls: the stop piece
       at which the host inserts `render_results`.
+    turn_start: What opens a turn (the role name follows).
     turn_end: What ends a model turn (a final answer).
     system_role: The turn role that carries `instructions`: 'user' means
       the first user turn (Gemma 3 has no system role).
@@ -155,6 +169,7 @@ class ToolFormat(abc.ABC):
   stop_pieces: tuple[str, ...] = ()
   required_pieces: tuple[str, ...] = ()
   call_end: str = ''
+  turn_start: str = START_OF_TURN
   turn_end: str = END_OF_TURN
   system_role: str = 'user'
 
@@ -437,6 +452,8 @@ class FunctionGemmaFormat(ToolFormat):
   DECLARATION_START = '<start_function_declaration>'
   DECLARATION_END = '<end_function_declaration>'
   ESCAPE = '<escape>'
+  DECLARATIONS_INTRO = ('You are a model that can do function calling with '
+                        'the following functions')
   stop_pieces = (RESPONSE_START,)
   required_pieces = (START_OF_TURN, END_OF_TURN, CALL_START, CALL_END,
                      RESPONSE_START, RESPONSE_END, DECLARATION_START,
@@ -468,7 +485,7 @@ class FunctionGemmaFormat(ToolFormat):
       if end < 0:
         raise ToolParseError(_UNFINISHED)
       body = text[body_start:end]
-      calls.append(_FunctionCallReader(body).call(
+      calls.append(_FunctionCallReader(body, self.ESCAPE).call(
           text[start:end + len(self.CALL_END)]))
       position = end + len(self.CALL_END)
     return calls
@@ -505,8 +522,7 @@ class FunctionGemmaFormat(ToolFormat):
           f'{{description:{e}{tool.description}{e},parameters:{{'
           f'properties:{{{properties}}},required:[{required}],'
           f'type:{e}OBJECT{e}}}}}{self.DECLARATION_END}')
-    return ('You are a model that can do function calling with the '
-            'following functions' + ''.join(declarations))
+    return self.DECLARATIONS_INTRO + ''.join(declarations)
 
   def _value(self, value: Any) -> str:
     if isinstance(value, str):
@@ -523,11 +539,35 @@ class FunctionGemmaFormat(ToolFormat):
     return repr(value)
 
 
+class Gemma4Format(FunctionGemmaFormat):
+  """Gemma 4's native tool tokens: FunctionGemma's layout with Gemma 4's
+  pieces, declarations in the system turn, `<|turn>`/`<turn|>` turns."""
+
+  name = 'gemma4'
+  CALL_START = '<|tool_call>'
+  CALL_END = '<tool_call|>'
+  RESPONSE_START = '<|tool_response>'
+  RESPONSE_END = '<tool_response|>'
+  DECLARATION_START = '<|tool>'
+  DECLARATION_END = '<tool|>'
+  ESCAPE = '<|"|>'
+  DECLARATIONS_INTRO = ''
+  stop_pieces = (RESPONSE_START,)
+  required_pieces = (GEMMA4_START_OF_TURN, GEMMA4_END_OF_TURN, CALL_START,
+                     CALL_END, RESPONSE_START, RESPONSE_END,
+                     DECLARATION_START, DECLARATION_END, ESCAPE)
+  call_end = RESPONSE_START
+  turn_start = GEMMA4_START_OF_TURN
+  turn_end = GEMMA4_END_OF_TURN
+  system_role = 'system'
+
+
 _UNFINISHED = 'unfinished call: close it with the end-of-call token'
 
 
 class _FunctionCallReader:
-  """Reads 'call:NAME{key:value,...}' (FunctionGemma's call body)."""
+  """Reads 'call:NAME{key:value,...}' (the call body of FunctionGemma and
+  Gemma 4; strings are wrapped in `escape`)."""
 
   _NAME_RE = re.compile(r'[A-Za-z_]\w*')
   _KEY_RE = re.compile(r'\s*([A-Za-z_][\w.-]*)\s*:')
@@ -535,8 +575,9 @@ class _FunctionCallReader:
   _WORDS = {'true': True, 'false': False, 'null': None}
   _MAX_DEPTH = 32
 
-  def __init__(self, text: str):
+  def __init__(self, text: str, escape: str):
     self._text = text
+    self._escape = escape
     self._pos = 0
 
   def call(self, source: str) -> Call:
@@ -606,7 +647,7 @@ class _FunctionCallReader:
     if depth > self._MAX_DEPTH:
       raise ToolParseError('arguments nested too deeply')
     head = self._peek()
-    escape = FunctionGemmaFormat.ESCAPE
+    escape = self._escape
     if self._text.startswith(escape, self._pos):
       start = self._pos + len(escape)
       end = self._text.find(escape, start)
@@ -634,11 +675,11 @@ class _FunctionCallReader:
 
 
 FORMATS: Mapping[str, ToolFormat] = {
-    f.name: f for f in (Gemma3Format(), FunctionGemmaFormat())}
+    f.name: f for f in (Gemma3Format(), FunctionGemmaFormat(), Gemma4Format())}
 
 
 def get(name: str) -> ToolFormat:
-  """The format called `name` ('gemma3' or 'functiongemma').
+  """The format called `name` ('gemma3', 'functiongemma' or 'gemma4').
 
   Raises:
     ValueError: for an unknown name, listing the known ones.

@@ -335,6 +335,16 @@ def _check_agent(config):
       environment.resolve_factory(agent.environment)
   except tools.ToolConfigError as e:
     raise ConfigError(f'config.{e}') from None
+  if agent.tools:
+    # Calls, results and turns are written in one family's tokens.
+    want = 'gemma4' if gemma.is_gemma4(config.model.preset) else 'gemma3'
+    _require(
+        (agent.format == 'gemma4') == (want == 'gemma4'),
+        f'config.agent.format={agent.format!r} writes '
+        f'{"Gemma 4" if agent.format == "gemma4" else "Gemma 3"} turns and '
+        f'tool tokens, but model.preset={config.model.preset!r} is '
+        f'{"a Gemma 4" if want == "gemma4" else "a Gemma 3"} model; set '
+        f'config.agent.format={want!r}.')
   for field, least in (('max_tool_calls', 1), ('max_calls_per_turn', 1),
                        ('max_turn_tokens', 1), ('max_tool_output_tokens', 8)):
     _require(agent[field] >= least,

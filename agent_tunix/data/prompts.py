@@ -210,8 +210,11 @@ def _tools_and_format(spec, format_name):
   return tools_lib.resolve(spec), formats.get(format_name)
 
 
-def tools_prompt(question, system_prompt, tool_format, tools, few_shot):
+def tools_prompt(question, system_prompt, tool_format, tools, few_shot,
+                 thinking=False):
   """Chat turns for a tool-using episode, ending where the model begins.
+
+  The turn markers are the format's (Gemma 3's, or Gemma 4's for 'gemma4').
 
   Args:
     question: The problem text.
@@ -219,6 +222,8 @@ def tools_prompt(question, system_prompt, tool_format, tools, few_shot):
     tool_format: an `agent.formats.ToolFormat`.
     tools: the `agent.tools.Tool`s the model may call.
     few_shot: add `TOOL_FEW_SHOT_EXAMPLES` as earlier turns.
+    thinking: open the system turn with Gemma 4's `<|think|>` (a format
+      with a system role only).
   """
   if few_shot:
     # The worked episodes show the answer format, so the system prompt and
@@ -228,10 +233,11 @@ def tools_prompt(question, system_prompt, tool_format, tools, few_shot):
   else:
     intro = '\n\n'.join(
         p for p in (system_prompt, tool_format.instructions(tools)) if p)
+  start, end = tool_format.turn_start, tool_format.turn_end
   turns = []
   if tool_format.system_role != 'user':
-    turns.append(
-        f'<start_of_turn>{tool_format.system_role}\n{intro}<end_of_turn>\n')
+    think = THINK if thinking else ''
+    turns.append(f'{start}{tool_format.system_role}\n{think}{intro}{end}\n')
     intro = ''
   questions = []
   for shot_question, calls, results, reasoning, answer in (
@@ -242,10 +248,9 @@ def tools_prompt(question, system_prompt, tool_format, tools, few_shot):
   for text, model_side in questions:
     user = f'{intro}\n\n{text}' if intro else text
     intro = ''
-    turns.append(
-        f'<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n')
+    turns.append(f'{start}user\n{user}{end}\n{start}model\n')
     if model_side is not None:
-      turns.append(f'{model_side}<end_of_turn>\n')
+      turns.append(f'{model_side}{end}\n')
   return ''.join(turns)
 
 
@@ -265,7 +270,7 @@ def format_prompt(question, config):
     few_shot = template == 'plain' and any(
         t.name == 'calculator' for t in tools)
     return tools_prompt(question, system_prompt, tool_format, tools,
-                        few_shot)
+                        few_shot, thinking=config.data.thinking)
   if template == 'chat':
     return chat_prompt(question, system_prompt,
                        gemma4=is_gemma4_preset(config.model.preset),

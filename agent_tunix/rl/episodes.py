@@ -524,7 +524,8 @@ def from_config(config, rollout):
 
   Raises:
     ValueError: when the tokenizer lacks a control token the tool format
-      needs as one piece (FunctionGemma's tool tokens in a Gemma 3 vocab).
+      needs as one piece (FunctionGemma's tool tokens in a Gemma 3 vocab,
+      Gemma 4's in the Gemma 3 tokenizer that stands in for tiny Gemma 4s).
   """
   agent = config.agent
   if agent.environment:
@@ -545,10 +546,13 @@ def from_config(config, rollout):
              if tokenizer.piece_to_id(p) == tokenizer.unk_id()]
   if missing:
     factory.close()
+    fix = ("use Gemma 4's own tokenizer (model.tokenizer_path, or the "
+           "checkpoint's tokenizer.json)" if agent.format == 'gemma4'
+           else "use agent.format='gemma3'")
     raise ValueError(
         f'config.agent.format={agent.format!r} needs the tokens {missing}, '
         f'which the {config.model.preset} tokenizer does not have as single '
-        "pieces; use agent.format='gemma3'.")
+        f'pieces; {fix}.')
   # The format's stop pieces end a call turn (FunctionGemma's
   # <start_function_response>); set before the decode loop first compiles.
   stops = [tokenizer.piece_to_id(p) for p in factory.format.stop_pieces]
