@@ -11,6 +11,7 @@ import os
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import collections  # pylint: disable=g-import-not-at-top
+import dataclasses
 import json
 import math
 import pathlib
@@ -323,3 +324,37 @@ def test_dynamic_sampling_and_overlong_penalty_train_and_log(tmp_path):
       (tmp_path / 'checkpoints' / '2' / 'data' / 'process_0-of-1.json')
       .read_text())['next_index']
   assert position == 2 + extra // b
+
+
+def test_log_prob_passes_are_dispatched_before_the_rewards(monkeypatch):
+  """The reference and old-policy passes need no reward: rollout_batch
+  dispatches them first, so they run while the host scores (a judge's
+  requests above all); the update then uses them as staged."""
+  from agent_tunix.rl import grpo  # pylint: disable=g-import-not-at-top
+  config = _config(**{'grpo.beta': 0.04, 'grpo.num_iterations': 2})
+  session = train.setup(config, '/unused')
+  order = []
+  for name in ('reference_logps', 'policy_logps'):
+    original = getattr(grpo, name)
+
+    def recorded(*args, _name=name, _original=original, **kwargs):
+      order.append(_name)
+      return _original(*args, **kwargs)
+
+    monkeypatch.setattr(grpo, name, recorded)
+  score = session.reward_set
+
+  def scored(*args, **kwargs):
+    order.append('rewards')
+    return score(*args, **kwargs)
+
+  session = dataclasses.replace(session, reward_set=scored)
+  update, _, _, _, staged = train.rollout_batch(
+      session, next(session.train_iter), 1)
+  assert order == ['reference_logps', 'policy_logps', 'rewards']
+  assert {'ref_logps', 'old_logps', 'tokens'} <= set(staged)
+  assert 'advantages' in update and 'advantages' not in staged
+  scalars = train.update_policy(session, update, staged)
+  assert order == ['reference_logps', 'policy_logps', 'rewards']  # No rerun.
+  assert math.isfinite(scalars['loss']) and 'kl' in scalars
+  assert set(update) - set(staged) <= set(session.last_batch)

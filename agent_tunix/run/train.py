@@ -1,9 +1,10 @@
 """The GRPO train loop: mesh -> models -> data -> restore -> steps.
 
 Each step: a batch of prompts -> G sampled completions each (rollout) ->
-rewards -> group-relative advantages -> reference log-probs (if beta > 0) ->
-num_iterations jitted LoRA updates -> metrics, checkpoint, evaluation. The
-math lives in grpo.py; this module only wires the pieces and keeps the books.
+reference log-probs (if beta > 0) dispatched to the devices -> rewards on
+the host meanwhile -> group-relative advantages -> num_iterations jitted
+LoRA updates -> metrics, checkpoint, evaluation. The math lives in grpo.py;
+this module only wires the pieces and keeps the books.
 
 Reproducibility: the sampling seed of step s is derived from
 (training.seed, s) (and the round, for dynamic sampling's extra batches:
@@ -162,7 +163,8 @@ def rollout_batch(session, batch, step):
     (update batch of this process's rows for grpo, with the optional inputs
     its update reads (`grpo.set_optional_inputs`), per-step scalars over all
     processes' rows, sample texts of this process's rows, number of
-    completion tokens over all processes).
+    completion tokens over all processes, the batch's `stage_update`: its
+    log-prob passes were dispatched before the rewards were computed).
   """
   config = session.config
   g = config.grpo.num_generations
@@ -170,8 +172,20 @@ def rollout_batch(session, batch, step):
   prompt_tokens, out = _generate(
       session, batch, step_seed(config.training.seed, step), own=True)
   prompts = list(rows['prompt'])
+  trained = _mask_cut_episodes(session, out)
+  update = {
+      'tokens': np.concatenate([rows['prompt_tokens'], out.tokens], axis=1),
+      'input_mask': np.concatenate(
+          [rows['prompt_mask'], out.attended > 0], axis=1
+      ),
+      'completion_mask': trained.mask,
+      # The update logs sampler/logp_abs_diff from these.
+      'sampler_logps': out.logps,
+  }
+  # The log-prob passes need no reward: dispatched now, they run on the
+  # devices while the host scores (a judge's requests included).
+  staged = stage_update(session, update)
   total, per_fn = _score(session, rows, out)
-  out = _mask_cut_episodes(session, out)
   advantages = np.asarray(
       objectives.group_advantages(total, g, config.grpo.scale_rewards)
   )
@@ -181,19 +195,10 @@ def rollout_batch(session, batch, step):
   if out.episodes is not None:
     scalars.update(episode_stats.scalars(sharding.allgather_concat(
         episode_stats.row_stats(out.episodes))))
-  update = {
-      'tokens': np.concatenate([rows['prompt_tokens'], out.tokens], axis=1),
-      'input_mask': np.concatenate(
-          [rows['prompt_mask'], out.attended > 0], axis=1
-      ),
-      'completion_mask': out.mask,
-      'advantages': advantages.astype(np.float32),
-      # The update logs sampler/logp_abs_diff from these.
-      'sampler_logps': out.logps,
-  }
+  update['advantages'] = advantages.astype(np.float32)
   grpo.set_optional_inputs(update, config, total, session.kl_coeff)
   samples = (prompts, judging.annotate(session, _sample_texts(out)), total)
-  return update, scalars, samples, gen_tokens
+  return update, scalars, samples, gen_tokens, staged
 
 
 def _generate(session, batch, seed, own):
@@ -381,7 +386,8 @@ def rollout_dynamic(session, batch, step):
         [e for r in rounds for e in r.completions.episodes])))
   samples = tuple(
       [x for r in rounds for x in r.samples[i]] for i in range(3))
-  return update, scalars, samples, gen_tokens
+  # The rows are chosen by their rewards: nothing to stage before scoring.
+  return update, scalars, samples, gen_tokens, None
 
 
 # Tokens per expert of a Gemma 4 mixture of experts on the update batch
@@ -389,13 +395,29 @@ def rollout_dynamic(session, batch, step):
 _ROUTER_STATS = nnx.jit(gemma4_lib.router_stats)
 
 
-def update_policy(session, update):
-  """Reference/old log-probs as needed, then num_iterations updates.
+# The update batch's [N, P + C] and [N, C] arrays; its other keys are one
+# value per row (advantages, the optional inputs).
+_COLUMNS = ('tokens', 'input_mask', 'completion_mask', 'sampler_logps')
+
+
+def stage_update(session, update):
+  """The token columns of an update batch, trimmed and on the mesh, with
+  the reference (and old-policy) log-prob passes dispatched.
 
   The passes run on the batch's completion columns cut to the bucket of its
   longest completion over all processes (`grpo.completion_bucket`): the
   columns dropped are all masked out, so the update is the same at the cost
-  of the tokens that exist.
+  of the tokens that exist. JAX dispatches the passes asynchronously, so a
+  caller that stages before scoring overlaps them with the reward functions
+  (a judge's requests above all); `update_policy` adds the per-row inputs.
+
+  Args:
+    session: the run's `Session`.
+    update: host arrays holding at least `_COLUMNS`.
+
+  Returns:
+    A dict of global arrays: `_COLUMNS` trimmed, plus 'ref_logps' when the
+    loss needs the reference and 'old_logps' when grpo.num_iterations > 1.
   """
   config = session.config
   # Completion columns up to each row's last real token (with tools, the
@@ -406,14 +428,33 @@ def update_policy(session, update):
                      width - np.argmax(attended[:, ::-1], axis=1), 0)
   longest = int(sharding.allgather_concat(
       np.array([lengths.max(initial=0)])).max())
-  bucket = grpo.completion_bucket(longest, update['completion_mask'].shape[1])
-  update = grpo.trim_completions(update, bucket)
-  batch = sharding.shard_batch(update, session.mesh)
-  session.last_batch = batch
+  bucket = grpo.completion_bucket(longest, width)
+  columns = grpo.trim_completions({k: update[k] for k in _COLUMNS}, bucket)
+  batch = sharding.shard_batch(columns, session.mesh)
   if session.hp.needs_reference:
     batch['ref_logps'] = grpo.reference_logps(session.model, batch, session.hp)
   if config.grpo.num_iterations > 1:
     batch['old_logps'] = grpo.policy_logps(session.model, batch, session.hp)
+  return batch
+
+
+def update_policy(session, update, staged=None):
+  """Reference/old log-probs as needed, then num_iterations updates.
+
+  Args:
+    session: the run's `Session`.
+    update: the host update batch (`rollout_batch`'s layout).
+    staged: `stage_update(session, update)` if the caller dispatched it
+      already; None stages it here.
+
+  Returns:
+    The update's scalars.
+  """
+  config = session.config
+  batch = dict(stage_update(session, update) if staged is None else staged)
+  batch.update(sharding.shard_batch(
+      {k: v for k, v in update.items() if k not in _COLUMNS}, session.mesh))
+  session.last_batch = batch
   for _ in range(config.grpo.num_iterations):
     step_metrics = grpo.train_step(
         session.model, session.optimizer, batch, session.hp
@@ -576,10 +617,11 @@ def _train(session, ckpt, closing):
       t0 = time.perf_counter()
       rollout_fn = (rollout_dynamic if config.grpo.dynamic_sampling
                     else rollout_batch)
-      update, scalars, samples, gen_tokens = rollout_fn(session, batch, step)
+      update, scalars, samples, gen_tokens, staged = rollout_fn(
+          session, batch, step)
       t1 = time.perf_counter()
       keeper.updating()
-      scalars.update(update_policy(session, update))
+      scalars.update(update_policy(session, update, staged))
       keeper.done(step)
       t2 = time.perf_counter()
       scalars['learning_rate'] = last_learning_rate(session)
