@@ -413,7 +413,8 @@ def stage_update(session, update):
 
   Args:
     session: the run's `Session`.
-    update: host arrays holding at least `_COLUMNS`.
+    update: host arrays: tokens, input_mask, completion_mask and, from a
+      rollout, sampler_logps.
 
   Returns:
     A dict of global arrays: `_COLUMNS` trimmed, plus 'ref_logps' when the
@@ -429,7 +430,8 @@ def stage_update(session, update):
   longest = int(sharding.allgather_concat(
       np.array([lengths.max(initial=0)])).max())
   bucket = grpo.completion_bucket(longest, width)
-  columns = grpo.trim_completions({k: update[k] for k in _COLUMNS}, bucket)
+  columns = grpo.trim_completions(
+      {k: update[k] for k in _COLUMNS if k in update}, bucket)
   batch = sharding.shard_batch(columns, session.mesh)
   if session.hp.needs_reference:
     batch['ref_logps'] = grpo.reference_logps(session.model, batch, session.hp)
