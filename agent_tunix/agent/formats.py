@@ -675,7 +675,8 @@ class _FunctionCallReader:
 
 
 FORMATS: Mapping[str, ToolFormat] = {
-    f.name: f for f in (Gemma3Format(), FunctionGemmaFormat(), Gemma4Format())}
+    f.name: f
+    for f in (Gemma3Format(), FunctionGemmaFormat(), Gemma4Format())}
 
 
 def get(name: str) -> ToolFormat:

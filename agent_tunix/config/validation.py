@@ -341,8 +341,8 @@ def _check_agent(config):
     _require(
         (agent.format == 'gemma4') == (want == 'gemma4'),
         f'config.agent.format={agent.format!r} writes '
-        f'{"Gemma 4" if agent.format == "gemma4" else "Gemma 3"} turns and '
-        f'tool tokens, but model.preset={config.model.preset!r} is '
+        f'{"Gemma 4" if agent.format == "gemma4" else "Gemma 3"} turns, '
+        f'but model.preset={config.model.preset!r} is '
         f'{"a Gemma 4" if want == "gemma4" else "a Gemma 3"} model; set '
         f'config.agent.format={want!r}.')
   for field, least in (('max_tool_calls', 1), ('max_calls_per_turn', 1),
