@@ -99,22 +99,25 @@ class FakeJudge:
       self.in_flight += 1
       self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
       self.bodies.append(body)
+    headers = None
     try:
       if over:
-        self._send(handler, 503, {'error': 'too many requests in this test'})
+        status, payload = 503, {'error': 'too many requests in this test'}
       elif isinstance(mode, int):
         headers = {'Retry-After': self.retry_after} if mode == 429 else {}
-        self._send(handler, mode, {'error': {'message': f'status {mode}'}},
-                   headers)
+        status, payload = mode, {'error': {'message': f'status {mode}'}}
       else:
         if mode == 'hang':
           self._stop.wait(self.hang_s)
         elif mode == 'slow':
           time.sleep(0.2)
-        self._send(handler, 200, self._completion(body, mode))
+        status, payload = 200, self._completion(body, mode)
     finally:
+      # Before the reply goes out: a client that has its answer may send
+      # the next request at once, which must not count as a third in flight.
       with self._lock:
         self.in_flight -= 1
+    self._send(handler, status, payload, headers)
 
   def _completion(self, body, mode):
     user = body['messages'][-1]['content']
