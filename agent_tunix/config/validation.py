@@ -337,13 +337,13 @@ def _check_agent(config):
     raise ConfigError(f'config.{e}') from None
   if agent.tools:
     # Calls, results and turns are written in one family's tokens.
-    want = 'gemma4' if gemma.is_gemma4(config.model.preset) else 'gemma3'
+    gemma4 = gemma.is_gemma4(config.model.preset)
+    family, want = ('Gemma 4', 'gemma4') if gemma4 else ('Gemma 3', 'gemma3')
+    writes = 'Gemma 4' if agent.format == 'gemma4' else 'Gemma 3'
     _require(
-        (agent.format == 'gemma4') == (want == 'gemma4'),
-        f'config.agent.format={agent.format!r} writes '
-        f'{"Gemma 4" if agent.format == "gemma4" else "Gemma 3"} turns, '
-        f'but model.preset={config.model.preset!r} is '
-        f'{"a Gemma 4" if want == "gemma4" else "a Gemma 3"} model; set '
+        writes == family,
+        f'config.agent.format={agent.format!r} writes {writes} turns, but '
+        f'model.preset={config.model.preset!r} is a {family} model; set '
         f'config.agent.format={want!r}.')
   for field, least in (('max_tool_calls', 1), ('max_calls_per_turn', 1),
                        ('max_turn_tokens', 1), ('max_tool_output_tokens', 8)):

@@ -151,7 +151,7 @@ def resolve_template(config):
   return template
 
 
-GEMMA4_TURN = ('<|turn>', '<turn|>')
+GEMMA4_TURN = (formats.GEMMA4_START_OF_TURN, formats.GEMMA4_END_OF_TURN)
 THINK = '<|think|>'
 _THOUGHT = re.compile(r'<\|channel>thought.*?(?:<channel\|>|$)', re.DOTALL)
 
