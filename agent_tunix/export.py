@@ -12,9 +12,9 @@ r"""Exports a policy for other tools: PEFT adapter, merged HF model, or GGUF.
           model.safetensors, tokenizer.model, tokenizer_config.json,
           special_tokens_map.json, generation_config.json) with the LoRA
           merged into the weights, for transformers.AutoModelForCausalLM.
-  gguf    One GGUF file of the merged model for llama.cpp ('gemma3'
-          architecture, tokenizer vocabulary included); --gguf_dtype f32, f16
-          or q8_0 (RMSNorm weights and other 1-D tensors stay f32).
+  gguf    One GGUF file of the merged model for llama.cpp ('gemma3' or
+          'gemma4' architecture, tokenizer vocabulary included); --gguf_dtype
+          f32, f16 or q8_0 (RMSNorm weights and other 1-D tensors stay f32).
 
 The LoRA comes from the latest checkpoint in --workdir (or --step). A workdir
 without any checkpoint is an error, because exporting the untrained base model
@@ -42,7 +42,8 @@ the tunix layout, mapped like any other weight. PEFT stores lora_A [r, in]
 and lora_B [out, r] and adds (lora_alpha / r) * B A to the [out, in] weight:
 the same scale, with A and B transposed and flattened into those layouts (k
 and v share the LoRA A of kv_einsum). Hugging Face stores RMSNorm weights as
-tunix does (the layer multiplies by 1 + w); llama.cpp stores 1 + w.
+tunix does (the layer multiplies by 1 + w); llama.cpp stores 1 + w for Gemma
+3 and w for Gemma 4 (models/gemma4_gguf.py has Gemma 4's GGUF layout).
 
 Caveat for 'peft': the adapter was trained on the base weights this project
 loaded. With the default GGUF source those are Q4_K_M-quantized, so applying
@@ -74,6 +75,7 @@ from agent_tunix import models
 from agent_tunix.config import validation
 from agent_tunix.data import prompts
 from agent_tunix.models import gemma
+from agent_tunix.models import gemma4_gguf
 from agent_tunix.models import gemma4_hf
 from agent_tunix.models import gguf as gguf_lib
 from agent_tunix.models import lora
@@ -620,8 +622,11 @@ def gguf_vocab(model_cfg, tokenizer):
 
   Copied from the source GGUF when the tokenizer was read from one (exactly
   llama.cpp's own conversion), otherwise taken from the SentencePiece model,
-  whose piece types use the same numbers as GGUF token types.
+  whose piece types use the same numbers as GGUF token types; a
+  tokenizer.json (Gemma 4) gives a BPE vocabulary with its merges.
   """
+  if isinstance(tokenizer, tokenizer_lib.JsonTokenizer):
+    return tokenizer.gguf_vocab()
   if not model_cfg.tokenizer_path and model_cfg.source in ('gguf', 'random'):
     path = (gemma.resolve_path(model_cfg) if model_cfg.source == 'gguf'
             else gguf_lib.default_path())
@@ -774,13 +779,19 @@ def write_merged(directory, model, tokenizer, config, dtype='float32',
     f.write(_readme(config, 'merged Hugging Face model', step))
 
 
-def _gguf_tensor(name, w, gguf_dtype):
-  """(data, raw type or None) of one tensor as llama.cpp stores it."""
+def _gguf_tensor(name, w, gguf_dtype, norm_shift=1.0):
+  """(data, raw type or None) of one tensor as llama.cpp stores it.
+
+  1-D tensors (norms, Gemma 4's scales and rope_freqs) and Gemma 4's router
+  stay float32; Gemma 3's RMSNorm weights get llama.cpp's +1 (`norm_shift`;
+  0 for Gemma 4, which stores them as they are).
+  """
   if w.ndim == 1:
-    if not name.endswith('norm.weight'):
+    if norm_shift and not name.endswith('norm.weight'):
       raise ExportError(f'Unexpected 1-D tensor {name!r}.')
-    return (w + np.float32(1.0)).astype(np.float32), None
-  if gguf_dtype == 'f32':
+    shift = norm_shift if name.endswith('norm.weight') else 0.0
+    return (w + np.float32(shift)).astype(np.float32), None
+  if gguf_dtype == 'f32' or gemma4_gguf.stored_f32(name):
     return w.astype(np.float32), None
   if gguf_dtype == 'q8_0' and w.shape[-1] % gguf.GGML_QUANT_SIZES[
       gguf.GGMLQuantizationType.Q8_0][0] == 0:
@@ -790,53 +801,38 @@ def _gguf_tensor(name, w, gguf_dtype):
 
 
 def write_gguf(path, model, tokenizer, config, gguf_dtype='f32', step=None):
-  """Writes the merged model as one llama.cpp 'gemma3' GGUF file."""
+  """Writes the merged model as one llama.cpp GGUF file ('gemma3' or
+  'gemma4')."""
   m = config.model
-  write_gguf_file(
-      path,
-      gemma.model_config(m),
-      ((gguf_name(name), w) for name, w in hf_state(model, m)),
-      gguf_vocab(m, tokenizer),
-      gguf_dtype,
+  cfg = gemma.model_config(m)
+  context = context_length(m.preset)
+  kwargs = dict(
       name=(f'{m.preset} (agent_tunix'
             f'{"" if step is None else f", step {step}"})'),
       description=_readme(config, 'GGUF', step).strip(),
-      context=context_length(m.preset),
-      chat_template=CHAT_TEMPLATE if _uses_chat(config) else None,
+      context=context,
   )
+  if gemma.is_gemma4(m.preset):
+    layers = gemma4_gguf.Layers(model)
+    write_gguf_file(
+        path, cfg,
+        gemma4_gguf.export_tensors(hf_state(model, m), cfg, layers),
+        gguf_vocab(m, tokenizer), gguf_dtype,
+        chat_template=GEMMA4_CHAT_TEMPLATE if _uses_chat(config) else None,
+        arch=gemma4_gguf.ARCH,
+        hparams=lambda w: gemma4_gguf.add_hparams(w, cfg, layers, context),
+        **kwargs)
+    return
+  write_gguf_file(
+      path, cfg,
+      ((gguf_name(name), w) for name, w in hf_state(model, m)),
+      gguf_vocab(m, tokenizer), gguf_dtype,
+      chat_template=CHAT_TEMPLATE if _uses_chat(config) else None,
+      **kwargs)
 
 
-def write_gguf_file(path, cfg, tensors, vocab, gguf_dtype='f32', name='',
-                    description='', context=32768, chat_template=None):
-  """Writes a 'gemma3' GGUF file.
-
-  Args:
-    path: the file to write.
-    cfg: the tunix ModelConfig (hyperparameter metadata).
-    tensors: iterable of (llama.cpp name, float32 array in the Hugging Face
-      layout; RMSNorm weights as tunix stores them, without the +1).
-    vocab: a tokenizer.GGUFVocab with one piece per embedding row.
-    gguf_dtype: one of GGUF_DTYPES.
-    name: general.name.
-    description: general.description.
-    context: gemma3.context_length.
-    chat_template: tokenizer.chat_template, or None.
-  """
-  if gguf_dtype not in GGUF_DTYPES:
-    raise ExportError(
-        f'--gguf_dtype={gguf_dtype!r} is not one of {list(GGUF_DTYPES)}.'
-    )
-  _check_exportable(cfg)
-  if len(vocab.tokens) != cfg.num_embed:
-    raise ExportError(
-        f'The tokenizer has {len(vocab.tokens)} pieces, the model '
-        f'{cfg.num_embed} embeddings; set config.model.tokenizer_path to '
-        'the matching tokenizer.model.'
-    )
-  writer = gguf.GGUFWriter(path, 'gemma3')
-  writer.add_type('model')
-  writer.add_name(name)
-  writer.add_description(description)
+def _gemma3_hparams(writer, cfg, context):
+  """The 'gemma3.*' hyperparameters llama.cpp reads."""
   writer.add_context_length(context)
   writer.add_embedding_length(cfg.embed_dim)
   writer.add_block_count(cfg.num_layers)
@@ -852,18 +848,16 @@ def write_gguf_file(path, cfg, tensors, vocab, gguf_dtype='f32', name='',
   if cfg.global_scale_factor != 1.0:
     writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
     writer.add_rope_scaling_factor(float(cfg.global_scale_factor))
-  writer.add_file_type({
-      'f32': gguf.LlamaFileType.ALL_F32,
-      'f16': gguf.LlamaFileType.MOSTLY_F16,
-      'q8_0': gguf.LlamaFileType.MOSTLY_Q8_0,
-  }[gguf_dtype])
-  if gguf_dtype == 'q8_0':
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-  writer.add_tokenizer_model('llama')
-  writer.add_tokenizer_pre('default')
+
+
+def _add_vocab(writer, vocab):
+  """tokenizer.ggml.*: SentencePiece ('llama') or BPE ('gemma4', merges)."""
+  writer.add_tokenizer_model(vocab.model)
+  if vocab.model == 'llama':
+    writer.add_tokenizer_pre('default')
   # The 262k-entry arrays, with their item type given: gguf-py would
   # otherwise check the type of every item, which takes seconds.
-  for key, values, item_type in (
+  arrays = [
       (gguf.Keys.Tokenizer.LIST, list(vocab.tokens), gguf.GGUFValueType.STRING),
       (gguf.Keys.Tokenizer.SCORES,
        np.asarray(vocab.scores, np.float32).tolist(),
@@ -871,7 +865,11 @@ def write_gguf_file(path, cfg, tensors, vocab, gguf_dtype='f32', name='',
       (gguf.Keys.Tokenizer.TOKEN_TYPE,
        np.asarray(vocab.token_types, np.int32).tolist(),
        gguf.GGUFValueType.INT32),
-  ):
+  ]
+  if vocab.merges:
+    arrays.append((gguf.Keys.Tokenizer.MERGES, list(vocab.merges),
+                   gguf.GGUFValueType.STRING))
+  for key, values, item_type in arrays:
     writer.add_key_value(key, values, gguf.GGUFValueType.ARRAY,
                          sub_type=item_type)
   special = vocab.special_ids
@@ -884,10 +882,60 @@ def write_gguf_file(path, cfg, tensors, vocab, gguf_dtype='f32', name='',
   writer.add_add_bos_token(True)
   writer.add_add_eos_token(False)
   writer.add_add_space_prefix(False)
+
+
+def write_gguf_file(path, cfg, tensors, vocab, gguf_dtype='f32', name='',
+                    description='', context=32768, chat_template=None,
+                    arch='gemma3', hparams=None):
+  """Writes a 'gemma3' (or, with `arch` and `hparams`, 'gemma4') GGUF file.
+
+  Args:
+    path: the file to write.
+    cfg: the tunix ModelConfig (hyperparameter metadata).
+    tensors: iterable of (llama.cpp name, float32 array in the Hugging Face
+      layout; RMSNorm weights as tunix stores them, without Gemma 3's +1).
+    vocab: a tokenizer.GGUFVocab with one piece per embedding row.
+    gguf_dtype: one of GGUF_DTYPES.
+    name: general.name.
+    description: general.description.
+    context: gemma3.context_length.
+    chat_template: tokenizer.chat_template, or None.
+    arch: general.architecture.
+    hparams: writes the architecture's hyperparameters (default Gemma 3's).
+  """
+  if gguf_dtype not in GGUF_DTYPES:
+    raise ExportError(
+        f'--gguf_dtype={gguf_dtype!r} is not one of {list(GGUF_DTYPES)}.'
+    )
+  if hparams is None:
+    _check_exportable(cfg)
+  if len(vocab.tokens) != cfg.num_embed:
+    raise ExportError(
+        f'The tokenizer has {len(vocab.tokens)} pieces, the model '
+        f'{cfg.num_embed} embeddings; set config.model.tokenizer_path to '
+        'the matching tokenizer.'
+    )
+  writer = gguf.GGUFWriter(path, arch)
+  writer.add_type('model')
+  writer.add_name(name)
+  writer.add_description(description)
+  if hparams is None:
+    _gemma3_hparams(writer, cfg, context)
+  else:
+    hparams(writer)
+  writer.add_file_type({
+      'f32': gguf.LlamaFileType.ALL_F32,
+      'f16': gguf.LlamaFileType.MOSTLY_F16,
+      'q8_0': gguf.LlamaFileType.MOSTLY_Q8_0,
+  }[gguf_dtype])
+  if gguf_dtype == 'q8_0':
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+  _add_vocab(writer, vocab)
   if chat_template:
     writer.add_chat_template(chat_template)
+  norm_shift = 1.0 if arch == 'gemma3' else 0.0
   for tensor_name, w in tensors:
-    data, raw_dtype = _gguf_tensor(tensor_name, w, gguf_dtype)
+    data, raw_dtype = _gguf_tensor(tensor_name, w, gguf_dtype, norm_shift)
     writer.add_tensor(tensor_name, data, raw_dtype=raw_dtype)
   writer.write_header_to_file()
   writer.write_kv_data_to_file()
@@ -1003,11 +1051,6 @@ def export(model, tokenizer, config, fmt, output, overwrite=False, step=None,
   if jax.process_count() > 1:
     raise ExportError('Export runs in a single process; start it without '
                       'jax.distributed (one host).')
-  if fmt == 'gguf' and gemma.is_gemma4(config.model.preset):
-    raise ExportError(
-        f'--format=gguf: {config.model.preset} is a Gemma 4 model, and the '
-        "GGUF writer knows Gemma 3's layout only. Use --format=merged or "
-        '--format=peft.')
   with _staged(output, fmt, overwrite) as target:
     if fmt == 'peft':
       write_peft(target, model, config, step)

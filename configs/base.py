@@ -32,14 +32,16 @@ def get_config(arg=None):
   # Gemma 4: gemma4_e2b, gemma4_e4b, gemma4_12b, gemma4_26b_a4b (mixture of
   # experts), gemma4_31b, each also as <name>_it, and tiny_gemma4 /
   # tiny_gemma4_moe (small random models for tests). Gemma 4 loads from
-  # 'hf', 'kaggle', 'orbax' or 'random' (not 'gguf').
+  # 'hf', 'kaggle', 'orbax', 'random', or 'gguf' with model.path set to a
+  # 'gemma4' GGUF file.
   config.model.preset = 'gemma3_270m'
   # Weights location; '' means the source's default (the packaged GGUF for
   # 'gguf'). A file for 'gguf', a directory or repo id for 'hf', a handle for
   # 'kaggle', a checkpoint directory for 'orbax'.
   config.model.path = ''
   # SentencePiece tokenizer.model for 'kaggle'/'orbax' (and 'hf' when the
-  # directory has none); '' means look next to the weights.
+  # directory has none), or a tokenizer.json (Gemma 4; needed for a Gemma 4
+  # GGUF with its BPE vocabulary); '' means look next to the weights.
   config.model.tokenizer_path = ''
   # Where the SentencePiece model rebuilt from a GGUF vocabulary and the
   # dequantized GGUF weights are cached; '' means ~/.cache/agent_tunix.

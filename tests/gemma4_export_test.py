@@ -1,11 +1,11 @@
-"""Gemma 4 export: train, export to Hugging Face, reload, same log-probs.
+"""Gemma 4 export: train, export to Hugging Face / GGUF, reload, same log-probs.
 
 The acceptance path runs the commands a user runs: configs/tiny_gemma4.py
 trains 2 steps (main), the export CLI writes the merged Hugging Face
 directory from the checkpoint, and the directory loads back through the
 Hugging Face loader (`model.source='hf'`) with the trained policy's
 log-probs. In process, both tiny configs (dense and MoE) with large random
-LoRA adapters round-trip through the merged and PEFT layouts.
+LoRA adapters round-trip through the merged, PEFT and GGUF layouts.
 """
 
 import json
@@ -142,8 +142,72 @@ def test_merged_and_peft_layouts(preset, tmp_path):
     checked += 1
   assert checked >= 4 * config.model.lora_rank
   assert any('self_attn.k_proj.lora_A' in n for n in adapter)
-  with pytest.raises(export.ExportError, match='Gemma 4'):
-    export.export(model, tokenizer, config, 'gguf', str(tmp_path / 'x.gguf'))
+  # GGUF ('gemma4'): the merged weights reload with the same log-probs.
+  path = export.export(model, tokenizer, config, 'gguf',
+                       str(tmp_path / 'model.gguf'))
+  reload_cfg.source, reload_cfg.path = 'gguf', path
+  reload_cfg.cache_dir = str(tmp_path / 'cache')
+  for _ in range(2):  # Dequantized, then from the cache.
+    reloaded = gemma.load_model(reload_cfg, mesh)
+    np.testing.assert_allclose(_logps(reloaded, tokens, mask), want,
+                               atol=1e-5)
+  _check_gguf_layout(path, preset)
+
+
+def _check_gguf_layout(path, preset):
+  """The metadata and tensors llama.cpp's 'gemma4' loader reads."""
+  from agent_tunix.models import gguf as gguf_lib  # pylint: disable=g-import-not-at-top
+  reader = gguf_lib.open_reader(path)
+  meta = reader.metadata
+  names = {t.name: t for t in reader.tensors}
+  assert meta['general.architecture'] == 'gemma4'
+  assert meta['gemma4.attention.key_length'] == 24  # global layers
+  assert meta['gemma4.attention.key_length_swa'] == 16
+  assert meta['gemma4.final_logit_softcapping'] == 30.0
+  # Layer 2 is global with K = V: one K projection, no V.
+  assert 'blk.2.attn_k.weight' in names and 'blk.2.attn_v.weight' not in names
+  assert names['blk.2.attn_q.weight'].shape == (4 * 24, 32)
+  # Norms as they are (no +1): a fresh model's are 0 or 1, never 2.
+  assert np.asarray(names['output_norm.weight'].data).max() < 1.5
+  rope = np.asarray(names['rope_freqs.weight'].data)
+  assert rope.shape == (12,)  # global head dim / 2
+  assert (rope == 1.0).sum() == 3  # 0.25 of the 12 pairs rotate
+  if preset == 'tiny_gemma4':
+    assert list(meta['gemma4.attention.sliding_window_pattern']) == [
+        True, True, False] * 2
+    assert meta['gemma4.attention.shared_kv_layers'] == 3
+    assert list(meta['gemma4.attention.head_count_kv']) == [2, 2, 1] * 2
+    assert list(meta['gemma4.feed_forward_length']) == [64] * 3 + [128] * 3
+    assert meta['gemma4.embedding_length_per_layer_input'] == 4
+    assert names['per_layer_token_embd.weight'].shape == (262144, 6 * 4)
+    # Layers 3-5 read earlier layers' K/V: none of theirs is written.
+    assert not any(n.startswith(('blk.3.attn_k', 'blk.4.attn_v',
+                                 'blk.5.attn_k')) for n in names)
+  else:
+    assert meta['gemma4.expert_count'] == 4
+    assert meta['gemma4.expert_used_count'] == 2
+    assert meta['gemma4.expert_feed_forward_length'] == 16
+    assert names['blk.0.ffn_gate_up_exps.weight'].shape == (4, 32, 32)
+    assert names['blk.0.ffn_down_exps.weight'].shape == (4, 32, 16)
+    assert names['blk.0.ffn_gate_inp.weight'].shape == (4, 32)
+    assert names['blk.0.ffn_down_exps.scale'].shape == (4,)
+
+
+def test_gguf_of_another_model_is_refused(tmp_path):
+  config = tiny_gemma4.get_config('model.preset=tiny_gemma4_moe')
+  model, tokenizer = models.build(config, sharding.make_mesh(config.mesh))
+  path = export.export(model, tokenizer, config, 'gguf',
+                       str(tmp_path / 'moe.gguf'), gguf_dtype='q8_0')
+  other = tiny_gemma4.get_config().model
+  other.source, other.path = 'gguf', path
+  other.cache_dir = str(tmp_path / 'cache')
+  with pytest.raises(ValueError, match=r'gemma4.block_count is 3, but the '
+                     r'configured preset \(6 layers\) expects 6'):
+    gemma.load_model(other, sharding.make_mesh(config.mesh))
+  gemma3 = other.copy_and_resolve_references()
+  gemma3.preset = 'tiny'
+  with pytest.raises(ValueError, match="holds a 'gemma4' model"):
+    gemma.load_model(gemma3, sharding.make_mesh(config.mesh))
 
 
 def _tokenizer_json(path):
@@ -188,6 +252,41 @@ def test_a_directory_with_only_tokenizer_json(tmp_path):
   assert tok.id_to_piece(4) == '<|turn>'
   assert tok.get_piece_size() == len(vocab)
   assert rollout.end_token_ids(tok) == [1, 5]
+
+
+def test_a_tokenizer_json_becomes_a_bpe_gguf_vocabulary(tmp_path):
+  import types  # pylint: disable=g-import-not-at-top
+  import gguf  # pylint: disable=g-import-not-at-top
+  from agent_tunix.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  vocab = _tokenizer_json(str(tmp_path / 'tokenizer.json'))
+  config = tiny_gemma4.get_config()
+  config.model.tokenizer_path = str(tmp_path / 'tokenizer.json')
+  tok = gemma.load_tokenizer(config.model)
+  assert isinstance(tok, tokenizer_lib.JsonTokenizer)
+  gguf_vocab = export.gguf_vocab(config.model, tok)
+  path = str(tmp_path / 'vocab.gguf')
+  export.write_gguf_file(path, types.SimpleNamespace(num_embed=len(vocab)),
+                         [], gguf_vocab, arch='gemma4',
+                         hparams=lambda writer: None)
+  fields = gguf.GGUFReader(path).fields
+
+  def strings(key):
+    f = fields[key]
+    return [bytes(f.parts[i]).decode() for i in f.data]
+
+  assert strings('tokenizer.ggml.model') == ['gemma4']
+  assert strings('tokenizer.ggml.merges') == ['a b', 'ab c']
+  tokens = strings('tokenizer.ggml.tokens')
+  assert tokens == sorted(vocab, key=vocab.get)
+  kinds = fields['tokenizer.ggml.token_type']
+  kind = {tokens[i]: int(kinds.parts[j][0]) for i, j in enumerate(kinds.data)}
+  assert kind['<bos>'] == kind['<turn|>'] == gguf.TokenType.CONTROL
+  assert kind['<|tool_call>'] == gguf.TokenType.USER_DEFINED
+  assert kind['a'] == kind['abc'] == gguf.TokenType.NORMAL
+  assert int(fields['tokenizer.ggml.bos_token_id'].parts[-1][0]) == 2
+  # Reading it back as the tokenizer asks for the tokenizer.json.
+  with pytest.raises(ValueError, match='tokenizer_path'):
+    tokenizer_lib.read_gguf_vocab(path)
 
 
 def test_tiny_moe_trains_two_steps_and_logs_expert_load(tmp_path):

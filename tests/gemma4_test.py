@@ -283,8 +283,10 @@ def test_presets_and_refusals():
   assert not cfg.use_sliding_window_kv_cache
   assert cfg.dtype == cfg.param_dtype
   config.model.source = 'gguf'
-  with pytest.raises(validation.ConfigError, match='Gemma 4 model'):
+  with pytest.raises(validation.ConfigError, match='packaged Gemma 3 270M'):
     validation.validate(config)
+  config.model.path = '/m/gemma-4-e2b-q8_0.gguf'
+  validation.validate(config)
   config = tiny_gemma4.get_config()
   config.model.preset = 'tiny'
   config.data.thinking = True

@@ -137,10 +137,11 @@ def _check_model(config):
       f'config.model.lora_rank={m.lora_rank} must be >= 0 (0 disables LoRA).',
   )
   _require(
-      not (gemma.is_gemma4(m.preset) and m.source == 'gguf'),
-      f'config.model.preset={m.preset!r} is a Gemma 4 model; the GGUF loader '
-      "reads Gemma 3 files only. Use config.model.source='hf', 'kaggle', "
-      "'orbax' or 'random'.",
+      not (gemma.is_gemma4(m.preset) and m.source == 'gguf'
+           and gguf.is_packaged_path(m.path)),
+      f'config.model.preset={m.preset!r} is a Gemma 4 model, but '
+      f'config.model.path={m.path!r} loads the packaged Gemma 3 270M GGUF. '
+      "Point config.model.path to a Gemma 4 ('gemma4') GGUF file.",
   )
   _require(
       not config.data.thinking or gemma.is_gemma4(m.preset),

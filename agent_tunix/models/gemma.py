@@ -19,6 +19,7 @@ import numpy as np
 from tunix.models.gemma3 import model as model_lib
 
 from agent_tunix.models import gemma4 as gemma4_lib
+from agent_tunix.models import gemma4_gguf
 from agent_tunix.models import gguf as gguf_lib
 from agent_tunix.models import tokenizer as tokenizer_lib
 
@@ -187,7 +188,12 @@ def load_model(model_cfg, mesh):
     return random_model(cfg, mesh)
   if source == 'gguf':
     logging.info('Loading GGUF weights from %s', path)
-    flat = gguf_lib.load_params_cached(path, cfg, model_cfg.cache_dir)
+    if gemma4_lib.is_gemma4_config(cfg):
+      flat = gguf_lib.load_params_cached(
+          path, cfg, model_cfg.cache_dir, check=_check_gemma4_gguf,
+          load=_load_gemma4_gguf)
+    else:
+      flat = gguf_lib.load_params_cached(path, cfg, model_cfg.cache_dir)
     return place_params(cfg, flat, mesh, path)
   if source == 'hf':
     return _load_hf(cfg, path, mesh)
@@ -229,7 +235,7 @@ def _load_hf(cfg, path, mesh):
         'Gemma checkpoint directory.'
     )
   if gemma4_lib.is_gemma4_config(cfg):
-    flat = _read_gemma4_safetensors(local, cfg)
+    flat = gemma4_flat(_read_gemma4_safetensors(local), cfg, local)
     return place_params(cfg, flat, mesh, local)
   from tunix.models.gemma3 import params_safetensors  # pylint: disable=g-import-not-at-top
   model = params_safetensors.create_model_from_safe_tensors(
@@ -239,44 +245,56 @@ def _load_hf(cfg, path, mesh):
   return model
 
 
-def _read_gemma4_safetensors(directory, cfg):
-  """{tunix path: host array} of a Hugging Face Gemma 4 directory.
-
-  Names and layouts are tunix's Gemma 4 mapping (`params_safetensors`);
-  tensors it does not map (the vision and audio towers) are skipped. A
-  KV-shared layer computes no K/V: Hugging Face checkpoints written by
-  transformers leave out its K/V projection and key norm, which tunix's
-  module still has (unused); those get zeros (ones for the norm).
-  """
-  # pylint: disable=g-import-not-at-top,protected-access
-  import safetensors
-  from tunix.models.gemma4 import params_safetensors as g4_safetensors
-  from tunix.utils import torch_utils
-  mapping = g4_safetensors._get_key_and_transform_mapping(cfg)
-  raw, skipped = {}, 0
+def _read_gemma4_safetensors(directory):
+  """Yields (name, array) of every tensor in a directory's safetensors."""
+  import safetensors  # pylint: disable=g-import-not-at-top
   for name in sorted(os.listdir(directory)):
     if not name.endswith('.safetensors'):
       continue
     with safetensors.safe_open(os.path.join(directory, name),
                                framework='numpy') as f:
       for key in f.keys():
-        try:
-          target, transform = torch_utils.torch_key_to_jax_key(mapping, key)
-        except ValueError:
-          skipped += 1
-          continue
-        value = f.get_tensor(key)
-        if transform is not None:
-          permute, reshape = transform
-          value = value.transpose(permute) if permute else value
-          value = value.reshape(reshape) if reshape else value
-        raw[target] = value
+        yield key, f.get_tensor(key)
+
+
+def gemma4_flat(hf_pairs, cfg, source_name):
+  """{tunix path: host array} of Gemma 4 tensors in Hugging Face's layout.
+
+  Names and layouts are tunix's Gemma 4 mapping (`params_safetensors`);
+  tensors it does not map (the vision and audio towers) are skipped. A
+  KV-shared layer computes no K/V: Hugging Face checkpoints written by
+  transformers (and GGUF files) leave out its K/V projection and key norm,
+  which tunix's module still has (unused); those get zeros (ones for the
+  norm).
+
+  Args:
+    hf_pairs: (Hugging Face name, array) pairs (safetensors, or a GGUF
+      file's tensors renamed by `gemma4_gguf`).
+    cfg: the tunix Gemma 4 ModelConfig.
+    source_name: the checkpoint's path (for the log).
+  """
+  # pylint: disable=g-import-not-at-top,protected-access
+  from tunix.models.gemma4 import params_safetensors as g4_safetensors
+  from tunix.utils import torch_utils
+  mapping = g4_safetensors._get_key_and_transform_mapping(cfg)
+  raw, skipped = {}, 0
+  for key, value in hf_pairs:
+    try:
+      target, transform = torch_utils.torch_key_to_jax_key(mapping, key)
+    except ValueError:
+      skipped += 1
+      continue
+    if transform is not None:
+      permute, reshape = transform
+      value = value.transpose(permute) if permute else value
+      value = value.reshape(reshape) if reshape else value
+    raw[target] = value
   flat = {k.removesuffix('.value'): v for k, v in
           g4_safetensors._make_preprocess_fn(cfg)(raw).items()}
   # pylint: enable=g-import-not-at-top,protected-access
   if skipped:
     logging.info('%s: skipped %d tensors outside the text decoder.',
-                 directory, skipped)
+                 source_name, skipped)
   model = abstract_model(cfg)
   abstract = _flat_state(model)
   sharing = model.kv_cache_sharing_patterns
@@ -291,8 +309,22 @@ def _read_gemma4_safetensors(directory, cfg):
     filled.append(path)
   if filled:
     logging.info('%s: %d unused parameters of KV-shared layers set to '
-                 'constants (not in the checkpoint).', directory, len(filled))
+                 'constants (not in the checkpoint).', source_name,
+                 len(filled))
   return flat
+
+
+def _check_gemma4_gguf(reader, path, cfg):
+  gemma4_gguf.check_architecture(reader.metadata, path, cfg,
+                                 gemma4_gguf.Layers(abstract_model(cfg)))
+
+
+def _load_gemma4_gguf(path, cfg, reader):
+  """{tunix path: array} of a 'gemma4' GGUF file (see gemma4_gguf)."""
+  layers = gemma4_gguf.Layers(abstract_model(cfg))
+  return gemma4_flat(
+      gemma4_gguf.hf_tensors(gguf_lib.dequantized(reader), path, cfg, layers),
+      cfg, path)
 
 
 def _load_orbax(cfg, source, path, mesh):
@@ -353,10 +385,13 @@ def load_tokenizer(model_cfg):
   """The tokenizer that matches `config.model`.
 
   SentencePiece (model.tokenizer_path, a GGUF's vocabulary, or the
-  checkpoint's tokenizer.model); a Hugging Face directory with only a
-  tokenizer.json gets `tokenizer.JsonTokenizer`.
+  checkpoint's tokenizer.model); a tokenizer.json (model.tokenizer_path
+  ending in .json, or a Hugging Face directory without tokenizer.model)
+  gets `tokenizer.JsonTokenizer`.
   """
   source = model_cfg.source
+  if model_cfg.tokenizer_path.endswith('.json'):
+    return tokenizer_lib.JsonTokenizer(model_cfg.tokenizer_path)
   if model_cfg.tokenizer_path:
     return tokenizer_lib.load_sentencepiece(model_cfg.tokenizer_path)
   if source in ('gguf', 'random'):

@@ -1,4 +1,4 @@
-"""Gemma 3 weights from a GGUF file (llama.cpp's format).
+"""Gemma 3 weights from a GGUF file (llama.cpp's format); the GGUF reader.
 
 Every tensor is dequantized to float32 with `gguf.quants.dequantize` (Q4_K,
 Q5_0, Q6_K, Q8_0, F16, F32, ... whatever the file holds), the +1 that
@@ -6,7 +6,7 @@ llama.cpp's converter adds to every Gemma RMSNorm weight is taken off again,
 and each tensor is reshaped into the layout of tunix's Gemma3 NNX modules.
 
 The result is a flat `{nnx_path: np.ndarray}` dict; `gemma.py` places it on
-the mesh.
+the mesh. Gemma 4 files are mapped by `gemma4_gguf` over the same reader.
 """
 
 import concurrent.futures
@@ -299,6 +299,14 @@ def _dequantize(tensor):
   return np.asarray(data, dtype=np.float32).reshape(tensor.shape)
 
 
+def dequantized(reader):
+  """Yields (name, float32 array) of every tensor of an opened GGUF file."""
+  # numpy releases the GIL in the heavy parts of dequantization.
+  with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+    yield from zip((t.name for t in reader.tensors),
+                   pool.map(_dequantize, reader.tensors))
+
+
 def _to_nnx(kind, w, cfg):
   """Reshapes one dequantized tensor into the tunix Gemma3 layout."""
   d, h = cfg.embed_dim, cfg.head_dim
@@ -325,7 +333,8 @@ def default_cache_dir():
   return os.path.join(os.path.expanduser('~'), '.cache', 'agent_tunix')
 
 
-def load_params_cached(path, model_config, cache_dir=''):
+def load_params_cached(path, model_config, cache_dir='', check=None,
+                       load=None):
   """`load_params`, with the dequantized float32 tensors cached on disk.
 
   Dequantizing takes tens of seconds on a small CPU; the cache (one .npy per
@@ -337,12 +346,15 @@ def load_params_cached(path, model_config, cache_dir=''):
     path: GGUF file.
     model_config: the tunix `ModelConfig` the weights must match.
     cache_dir: cache root; '' means ~/.cache/agent_tunix.
+    check: (reader, path, model_config) -> None, raising on a file that does
+      not fit; default `check_architecture` (Gemma 3).
+    load: (path, model_config, reader=) -> flat dict; default `load_params`.
 
   Returns:
     Flat dict keyed by dotted nnx parameter paths.
   """
   reader = open_reader(path)
-  check_architecture(reader, path, model_config)
+  (check or check_architecture)(reader, path, model_config)
   root = cache_dir or default_cache_dir()
   target = os.path.join(root, f'gguf_params_{_cache_key(path)}')
   if os.path.isdir(target):
@@ -352,7 +364,7 @@ def load_params_cached(path, model_config, cache_dir=''):
         for name in os.listdir(target)
         if name.endswith('.npy')
     }
-  flat = load_params(path, model_config, reader=reader)
+  flat = (load or load_params)(path, model_config, reader=reader)
   try:
     os.makedirs(root, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=root, prefix='.tmp_gguf_params_')
@@ -387,11 +399,7 @@ def load_params(path, model_config, reader=None):
   cfg = model_config
   flat = {}
   pending_kv = {}
-  # numpy releases the GIL in the heavy parts of dequantization.
-  with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-    values = pool.map(_dequantize, reader.tensors)
-  for tensor, value in zip(reader.tensors, values):
-    name = tensor.name
+  for name, value in dequantized(reader):
     if name == 'token_embd.weight':
       flat['embedder.input_embedding'] = value
       continue

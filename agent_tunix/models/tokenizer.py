@@ -35,6 +35,7 @@ because it builds numpy views for every one of its strings.
 """
 
 import hashlib
+import json
 import mmap
 import os
 import tempfile
@@ -73,6 +74,9 @@ class GGUFVocab(NamedTuple):
   token_types: np.ndarray  # int32 [vocab]
   special_ids: dict[str, int]  # keys 'pad', 'eos', 'bos', 'unk'
   digest: str  # sha256 of the raw tokenizer.* metadata and _CACHE_FORMAT
+  # tokenizer.ggml.model: 'llama' (SentencePiece) or 'gemma4' (BPE).
+  model: str = 'llama'
+  merges: tuple[str, ...] = ()  # BPE merges, 'a b' each
 
 
 def read_gguf_vocab(path):
@@ -114,6 +118,12 @@ def read_gguf_vocab(path):
           hasher.update(buf[start:parser.offset])
 
   model = meta.get('tokenizer.ggml.model')
+  if model == 'gemma4':
+    raise ValueError(
+        f"{path!r} holds Gemma 4's BPE vocabulary (tokenizer.ggml.model "
+        "'gemma4'), which is read from its tokenizer.json: set "
+        "config.model.tokenizer_path to the model's tokenizer.json."
+    )
   if model != _EXPECTED_TOKENIZER_MODEL:
     raise ValueError(
         f'{path!r}: tokenizer.ggml.model is {model!r}, expected '
@@ -401,3 +411,33 @@ class JsonTokenizer:
   def to_json(self):
     """The tokenizer.json text (what an export writes)."""
     return self._tok.to_str()
+
+  def gguf_vocab(self):
+    """The vocabulary as a GGUF BPE ('gemma4') tokenizer: pieces by id,
+    merges, token types (control for special added tokens, user-defined for
+    the other added ones, byte for <0xNN>)."""
+    from agent_tunix.models import gemma4_gguf  # pylint: disable=g-import-not-at-top
+    spec = json.loads(self.to_json())
+    model = spec.get('model') or {}
+    if model.get('type') != 'BPE':
+      raise ValueError(
+          f'{self.path}: a {model.get("type")!r} tokenizer.json; GGUF export '
+          'writes BPE vocabularies (Gemma 4\'s) only.')
+    size = self.get_piece_size()
+    tokens = [self.id_to_piece(i) for i in range(size)]
+    if None in tokens:
+      raise ValueError(f'{self.path}: token ids are not contiguous.')
+    added = spec.get('added_tokens') or []
+    merges = tuple(m if isinstance(m, str) else ' '.join(m)
+                   for m in model.get('merges') or ())
+    return GGUFVocab(
+        tokens=tokens,
+        scores=np.full(size, -1000.0, np.float32),
+        token_types=gemma4_gguf.token_types(
+            tokens, [t['id'] for t in added if t.get('special')],
+            [t['id'] for t in added if not t.get('special')]),
+        special_ids={k: v for k, v in self._ids.items() if v >= 0},
+        digest='',
+        model='gemma4',
+        merges=merges,
+    )
