@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from agent_tunix import rewards
+from agent_tunix.rewards import call_numbers as call_numbers_rewards
 from agent_tunix.rewards import format as format_rewards
 from agent_tunix.rewards import math as math_rewards
 from agent_tunix.rewards import registry
@@ -378,8 +379,9 @@ def test_parse_spec(spec, expected):
         ('answer=1,,numbers=1', 'entry 2 is empty; remove the extra comma'),
         ('answer=1,', 'entry 2 is empty'),
         ('anwser=1', "unknown reward 'anwser'.*Did you mean 'answer'"),
-        ('bogus=1', 'Built-in rewards: answer, format_approx, format_exact, '
-                    'numbers, rubric_judge, rubric_overlap, tool_steps; for '
+        ('bogus=1', 'Built-in rewards: answer, call_numbers, format_approx, '
+                    'format_exact, numbers, rubric_judge, rubric_overlap, '
+                    'tool_steps; for '
                     'your own function'),
         ('answer=abc', "'answer=abc': weight 'abc' is not a finite number"),
         ('answer=nan', "weight 'nan' is not a finite number"),
@@ -864,6 +866,42 @@ def test_tool_steps_is_zero_without_reasoning_or_tools():
   assert _one(fn, 'x', reasoning=_SOLUTION) == 0.0
   assert fn(['p'], ['x']) == [0.0]
   assert rewards.resolve('tool_steps') is fn
+
+
+# ----------------------------------------------------------- call_numbers
+
+_QUESTION = ('Mia has 125 cards. She buys 4 packs of 25 cards, then gives '
+             '38 away. How many cards are left?')
+
+
+@pytest.mark.parametrize('calls, expected', [
+    ([_call('125 + 4 * 25 - 38')], 1.0),
+    ([_call('125 + 4 * 25 - 900')], 0.75),
+    # A worked episode's call copied from the prompt.
+    ([_call('35 * 8 * 12 - 900')], 0.0),
+    ([_call('4 * 25'), _call('125 + 100 - 38')], 4 / 5),
+    ([_call('(125 + 4 * 25) - 38.0')], 1.0),
+    ([], 0.0),
+    ([_call('125 + 4 * 25 - 38', error='timeout')], 0.0),
+    ([_call('125 + 4 * 25 - 38', name='search')], 0.0),
+    ([{'name': 'calculator', 'arguments': {'x': '125'}, 'error': None}], 0.0),
+    ([_call('125 +')], 0.0),
+])
+def test_call_numbers_pays_calls_built_from_the_question(calls, expected):
+  score = _one(call_numbers_rewards.call_numbers, 'done', question=_QUESTION,
+               tool_calls=calls)
+  assert score == pytest.approx(expected)
+
+
+def test_call_numbers_reads_the_question_as_written():
+  numbers = call_numbers_rewards.question_numbers(
+      'Pay $1,200 for 3.5 kg, then 7, 8. Page 2.')
+  assert numbers == {1200, fractions.Fraction(7, 2), 7, 8, 2}
+  fn = call_numbers_rewards.call_numbers
+  assert fn(['p'], ['x']) == [0.0]  # No tools.
+  assert _one(fn, 'x', question='Sam pays $1,200.',
+              tool_calls=[_call('1200 - 1_200')]) == 1.0
+  assert rewards.resolve('call_numbers') is fn
 
 
 def test_tool_steps_reads_gsm8k_annotations():

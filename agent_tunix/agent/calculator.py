@@ -134,6 +134,38 @@ def step_values(expression: str) -> list[Fraction]:
   return evaluator.steps
 
 
+def operands(expression: str) -> list[Fraction]:
+  """The numbers written in `expression`, in order (`'5000 - 15 * 241'`
+  gives `[5000, 15, 241]`). Checked and refused exactly like `evaluate`."""
+  source = _clean(expression)
+  evaluator = _Evaluator(source)
+  evaluator.literals = []
+  evaluator.value(_parse(source))
+  return evaluator.literals
+
+
+def read_calls(calls, read):
+  """`read(expression)` of each calculator call that ran, in order.
+
+  For tool-aware rewards: `calls` are an episode's call records ({name,
+  arguments, result, error}); failed calls, calls to other tools, calls
+  without a text `expression` argument and expressions `read` refuses
+  (CalculatorError) are skipped.
+  """
+  values = []
+  for call in calls or ():
+    expression = (call.get('arguments') or {}).get('expression')
+    if call.get('name') != 'calculator' or call.get('error') is not None:
+      continue
+    if not isinstance(expression, str):
+      continue
+    try:
+      values.append(read(expression))
+    except CalculatorError:
+      continue
+  return values
+
+
 def _clean(expression: str) -> str:
   """`expression` with its spellings normalised, or CalculatorError."""
   if not isinstance(expression, str):
@@ -165,16 +197,21 @@ def _parse(source: str) -> ast.AST:
 
 class _Evaluator:
   """Evaluates whitelisted nodes of one parsed expression; with `steps` a
-  list, appends each binary operation's value to it."""
+  list, appends each binary operation's value to it, and with `literals` a
+  list, each number written in the expression."""
 
   def __init__(self, source: str):
     self._source = source
     self.steps = None
+    self.literals = None
 
   def value(self, node: ast.AST) -> Fraction:
     """The checked value of `node`."""
     if isinstance(node, ast.Constant):
-      return _check(self._literal(node))
+      value = _check(self._literal(node))
+      if self.literals is not None:
+        self.literals.append(value)
+      return value
     if isinstance(node, ast.UnaryOp):
       if isinstance(node.op, ast.USub):
         return -self.value(node.operand)

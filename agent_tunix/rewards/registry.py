@@ -2,12 +2,14 @@
 
 A registered name can be written in `config.rewards.functions` without a
 module path. The built-in rewards (format_exact, format_approx, answer,
-numbers, tool_steps, rubric_judge, rubric_overlap) are registered when this module is imported, which importing
+numbers, tool_steps, call_numbers, rubric_judge, rubric_overlap) are
+registered when this module is imported, which importing
 `agent_tunix.rewards` does.
 """
 
 from collections.abc import Callable, Sequence
 
+from agent_tunix.rewards import call_numbers as call_numbers_lib
 from agent_tunix.rewards import format as format_lib
 from agent_tunix.rewards import math as math_lib
 from agent_tunix.rewards import rubric as rubric_lib
@@ -84,5 +86,6 @@ register('format_approx')(format_lib.format_approx)
 register('answer')(math_lib.answer_match)
 register('numbers')(math_lib.number_match)
 register('tool_steps')(tool_steps_lib.tool_steps)
+register('call_numbers')(call_numbers_lib.call_numbers)
 register('rubric_judge')(rubric_lib.rubric_judge)
 register('rubric_overlap')(rubric_lib.rubric_overlap)

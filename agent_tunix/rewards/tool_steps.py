@@ -56,18 +56,8 @@ def reference_results(reasoning: str) -> set[fractions.Fraction]:
 
 def call_steps(calls: Sequence[Mapping[str, Any]]) -> set[fractions.Fraction]:
   """The values of every operation in the calculator calls that ran."""
-  steps = set()
-  for call in calls or ():
-    expression = (call.get('arguments') or {}).get('expression')
-    if call.get('name') != 'calculator' or call.get('error') is not None:
-      continue
-    if not isinstance(expression, str):
-      continue
-    try:
-      steps.update(calculator.step_values(expression))
-    except calculator.CalculatorError:
-      continue
-  return steps
+  return {v for steps in calculator.read_calls(calls, calculator.step_values)
+          for v in steps}
 
 
 def tool_steps(
