@@ -870,8 +870,8 @@ def test_tool_steps_is_zero_without_reasoning_or_tools():
 
 # ----------------------------------------------------------- call_numbers
 
-_QUESTION = ('Mia has 125 cards. She buys 4 packs of 25 cards, then gives '
-             '38 away. How many cards are left?')
+_CALL_QUESTION = ('Mia has 125 cards. She buys 4 packs of 25 cards, then '
+                  'gives 38 away. How many cards are left?')
 
 
 @pytest.mark.parametrize('calls, expected', [
@@ -888,8 +888,8 @@ _QUESTION = ('Mia has 125 cards. She buys 4 packs of 25 cards, then gives '
     ([_call('125 +')], 0.0),
 ])
 def test_call_numbers_pays_calls_built_from_the_question(calls, expected):
-  score = _one(call_numbers_rewards.call_numbers, 'done', question=_QUESTION,
-               tool_calls=calls)
+  score = _one(call_numbers_rewards.call_numbers, 'done',
+               question=_CALL_QUESTION, tool_calls=calls)
   assert score == pytest.approx(expected)
 
 
