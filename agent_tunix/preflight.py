@@ -37,8 +37,10 @@ batch, micro-batching, remat, LoRA and KV cache:
   update           grpo.TRAIN_STEP: gradient over the micro-batches and the
                    optimizer step
   judge            gemma_backend.answer_logps_program, when the rubric_judge
-                   reward's judge is the in-process Gemma on the policy's
-                   weights (judge.backend=gemma, judge.preset ''):
+                   reward's judge is the in-process Gemma (judge.backend=
+                   gemma): the policy's weights (judge.preset '') or the
+                   judge's own preset, whose weights then stay on the chips
+                   through every program (counted as resident);
                    judge.batch_size prompts of the longest length bucket,
                    called for 8 rubric items per completion a step
 
@@ -585,7 +587,11 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
   model, optimizer = abstract_policy(config, mesh)
   hp = grpo.hparams_from_config(config)
   g, gen = config.grpo, config.generation
-  opt_bytes = _per_chip_bytes(nnx.state(optimizer, nnx.OptState))
+  judge = abstract_judge(config, mesh)
+  # Live through every program without being its argument: the optimizer
+  # state, and a judge with its own weights.
+  opt_bytes = _per_chip_bytes(nnx.state(optimizer, nnx.OptState)) + (
+      _per_chip_bytes(nnx.state(judge)) if judge is not None else 0)
   compiler = _Compiler(usable, keep_going, listener)
   micro_batches = config.training.batch_size // config.training.micro_batch_size
 
@@ -634,16 +640,46 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
              {'hp': hp}, g.num_iterations, 0, micro_batches,
              function='grpo.TRAIN_STEP')
   if 'judge' in programs and uses_gemma_judge(config):
-    _compile_judge(config, mesh, model, compiler, opt_bytes)
+    if judge is None:
+      _compile_judge(config, mesh, model, compiler, opt_bytes)
+    else:  # The policy's weights are resident while the judge runs.
+      _compile_judge(config, mesh, judge, compiler,
+                     opt_bytes - _per_chip_bytes(nnx.state(judge))
+                     + _per_chip_bytes(nnx.state(model)))
   results = [p for p in compiler.programs if p.name in programs]
   return results, compiler.skipped
 
 
 def uses_gemma_judge(config):
-  """True when the run's rubric_judge is the in-process Gemma on the
-  policy's own weights (the judge program the preflight compiles)."""
-  return (judge_lib.uses_judge(config) and config.judge.backend == 'gemma'
-          and not config.judge.preset)
+  """True when the run's rubric_judge is the in-process Gemma (the judge
+  program the preflight compiles)."""
+  return judge_lib.uses_judge(config) and config.judge.backend == 'gemma'
+
+
+def judge_model_config(config):
+  """config.model of a Gemma judge with its own preset (no LoRA), or None
+  when the judge is the policy's weights or not a Gemma."""
+  if not uses_gemma_judge(config) or not config.judge.preset:
+    return None
+  m = config.model.copy_and_resolve_references()
+  m.preset, m.lora_rank = config.judge.preset, 0
+  return m
+
+
+def abstract_judge(config, mesh):
+  """The Gemma judge with its own preset, abstract and placed as the
+  project's loader places it; None when there is none."""
+  judge_cfg = judge_model_config(config)
+  if judge_cfg is None:
+    return None
+  cfg = gemma.model_config(judge_cfg)
+  with _cheap_tracer_attribute_errors():
+    model = nnx.eval_shape(lambda: gemma.model_class(cfg)(cfg,
+                                                          rngs=nnx.Rngs(0)))
+  _, state = nnx.split(model)
+  nnx.update(model, _abstract_placed(state,
+                                     nnx.get_named_sharding(state, mesh)))
+  return model
 
 
 def _compile_judge(config, mesh, model, compiler, resident_bytes):
@@ -1081,11 +1117,17 @@ def check_resident(config, mesh, spec, usable):
   Raises:
     ResidentOverflow: with a one-line reason naming the bytes per chip.
   """
-  cfg = gemma.model_config(config.model)
-  model = gemma.abstract_model(cfg)
-  state = nnx.state(model, nnx.Param)
-  weights = _per_chip_bytes(_abstract_placed(
-      state, nnx.get_named_sharding(state, mesh)))
+  def frozen_bytes(model_cfg):
+    model = gemma.abstract_model(gemma.model_config(model_cfg))
+    state = nnx.state(model, nnx.Param)
+    return model, _per_chip_bytes(_abstract_placed(
+        state, nnx.get_named_sharding(state, mesh)))
+
+  model, weights = frozen_bytes(config.model)
+  cfg = model.config
+  judge_cfg = judge_model_config(config)
+  if judge_cfg is not None:  # The judge's weights stay on the chips too.
+    weights += frozen_bytes(judge_cfg)[1]
   rows = config.training.batch_size * config.grpo.num_generations
   heads_spec = tuple(cfg.shd_config.act_btnh)
   cache = 0
@@ -1096,9 +1138,11 @@ def check_resident(config, mesh, spec, usable):
     cache += math.prod(per_chip) * jnp.dtype(dtype).itemsize
   if weights + cache <= usable:
     return
+  frozen = ('its frozen weights' if judge_cfg is None
+            else "its and the judge's frozen weights")
   raise ResidentOverflow(
       f'{config.model.preset} does not fit {spec.name} ({spec.num_chips} '
-      f'chips): its frozen weights ({_gib(weights)} GiB per chip) and the '
+      f'chips): {frozen} ({_gib(weights)} GiB per chip) and the '
       f'rollout KV cache ({rows} rows x {config.generation.kv_cache_size} '
       f'tokens: {_gib(cache)} GiB per chip) need {_gib(weights + cache)} '
       f'GiB of HBM per chip, more than the {_gib(usable)} GiB a program may '

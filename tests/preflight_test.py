@@ -99,6 +99,30 @@ def test_the_gemma_judge_compiles_with_the_policy_programs():
   assert judge['calls_per_step'] == 8
   # Without the Gemma judge there is no such program.
   assert 'judge' not in preflight.runs(_tiny())
+  # A judge with its own preset: its program reads its weights, and they
+  # stay resident beside the policy's (here the same tiny shapes).
+  config.judge.preset = 'tiny'
+  assert 'judge' in preflight.runs(config)
+  own = _by_name(preflight.run(config, 'v5e:2x2', programs=('judge',)))
+  assert own['judge']['fits']
+  assert own['judge']['argument_bytes'] == judge['argument_bytes']
+  assert own['judge']['resident_bytes'] > judge['resident_bytes']
+
+
+def test_a_judge_preset_counts_in_the_resident_bound():
+  from configs import gemma3_1b  # pylint: disable=g-import-not-at-top
+  config = gemma3_1b.get_config()
+  config.data.task, config.rewards.functions = 'rubric', 'rubric_judge=1'
+  config.data.source = 'jsonl'
+  config.data.path = str(_REPO / 'data' / 'rubrics' / '{split}.jsonl')
+  config.judge.backend = 'gemma'
+  spec, devices = preflight.prepare(config, 'v5e:2x2')
+  mesh = sharding.make_mesh(config.mesh, devices=devices)
+  preflight.check_resident(config, mesh, spec, 8 * 2**30)
+  config.judge.preset = 'gemma3_27b_pt'
+  with pytest.raises(preflight.ResidentOverflow,
+                     match="its and the judge's frozen weights"):
+    preflight.check_resident(config, mesh, spec, 8 * 2**30)
 
 
 def test_tiny_programs_compile_for_one_host():
