@@ -208,7 +208,8 @@ def export_tensors(hf_pairs, cfg, layers):
     if m and m.group(2) in _KV_ONLY and layers.shared(int(m.group(1))):
       continue
     yield gguf_name(name), w
-  yield ROPE_FREQS, rope_freqs(cfg, layers)
+  if layers.head_dim(sliding=False) is not None:  # Any global layer.
+    yield ROPE_FREQS, rope_freqs(cfg, layers)
 
 
 def check_architecture(metadata, path, cfg, layers):
