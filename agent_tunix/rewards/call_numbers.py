@@ -23,7 +23,7 @@ without an `expression` argument add nothing; an episode without such a
 call, or a run without tools, scores 0.0.
 
 Opt-in (rewards.functions `call_numbers=W`); configs/gemma3_270m_tools.py
-uses it (README).
+does not use it (docs/rewards.md says what it did there).
 """
 
 from collections.abc import Mapping, Sequence
