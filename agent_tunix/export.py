@@ -806,29 +806,24 @@ def write_gguf(path, model, tokenizer, config, gguf_dtype='f32', step=None):
   m = config.model
   cfg = gemma.model_config(m)
   context = context_length(m.preset)
-  kwargs = dict(
+  if gemma.is_gemma4(m.preset):
+    layers = gemma4_gguf.Layers(model)
+    tensors = gemma4_gguf.export_tensors(hf_state(model, m), cfg, layers)
+    family = dict(
+        arch=gemma4_gguf.ARCH,
+        hparams=lambda w: gemma4_gguf.add_hparams(w, cfg, layers, context))
+    template = GEMMA4_CHAT_TEMPLATE
+  else:
+    tensors = ((gguf_name(name), w) for name, w in hf_state(model, m))
+    family, template = {}, CHAT_TEMPLATE
+  write_gguf_file(
+      path, cfg, tensors, gguf_vocab(m, tokenizer), gguf_dtype,
       name=(f'{m.preset} (agent_tunix'
             f'{"" if step is None else f", step {step}"})'),
       description=_readme(config, 'GGUF', step).strip(),
       context=context,
-  )
-  if gemma.is_gemma4(m.preset):
-    layers = gemma4_gguf.Layers(model)
-    write_gguf_file(
-        path, cfg,
-        gemma4_gguf.export_tensors(hf_state(model, m), cfg, layers),
-        gguf_vocab(m, tokenizer), gguf_dtype,
-        chat_template=GEMMA4_CHAT_TEMPLATE if _uses_chat(config) else None,
-        arch=gemma4_gguf.ARCH,
-        hparams=lambda w: gemma4_gguf.add_hparams(w, cfg, layers, context),
-        **kwargs)
-    return
-  write_gguf_file(
-      path, cfg,
-      ((gguf_name(name), w) for name, w in hf_state(model, m)),
-      gguf_vocab(m, tokenizer), gguf_dtype,
-      chat_template=CHAT_TEMPLATE if _uses_chat(config) else None,
-      **kwargs)
+      chat_template=template if _uses_chat(config) else None,
+      **family)
 
 
 def _gemma3_hparams(writer, cfg, context):

@@ -590,8 +590,8 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
   judge = abstract_judge(config, mesh)
   # Live through every program without being its argument: the optimizer
   # state, and a judge with its own weights.
-  opt_bytes = _per_chip_bytes(nnx.state(optimizer, nnx.OptState)) + (
-      _per_chip_bytes(nnx.state(judge)) if judge is not None else 0)
+  judge_bytes = _per_chip_bytes(nnx.state(judge)) if judge is not None else 0
+  opt_bytes = _per_chip_bytes(nnx.state(optimizer, nnx.OptState)) + judge_bytes
   compiler = _Compiler(usable, keep_going, listener)
   micro_batches = config.training.batch_size // config.training.micro_batch_size
 
@@ -643,8 +643,7 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
     if judge is None:
       _compile_judge(config, mesh, model, compiler, opt_bytes)
     else:  # The policy's weights are resident while the judge runs.
-      _compile_judge(config, mesh, judge, compiler,
-                     opt_bytes - _per_chip_bytes(nnx.state(judge))
+      _compile_judge(config, mesh, judge, compiler, opt_bytes - judge_bytes
                      + _per_chip_bytes(nnx.state(model)))
   results = [p for p in compiler.programs if p.name in programs]
   return results, compiler.skipped
@@ -672,10 +671,8 @@ def abstract_judge(config, mesh):
   judge_cfg = judge_model_config(config)
   if judge_cfg is None:
     return None
-  cfg = gemma.model_config(judge_cfg)
   with _cheap_tracer_attribute_errors():
-    model = nnx.eval_shape(lambda: gemma.model_class(cfg)(cfg,
-                                                          rngs=nnx.Rngs(0)))
+    model = gemma.abstract_model(gemma.model_config(judge_cfg))
   _, state = nnx.split(model)
   nnx.update(model, _abstract_placed(state,
                                      nnx.get_named_sharding(state, mesh)))

@@ -189,9 +189,13 @@ def load_model(model_cfg, mesh):
   if source == 'gguf':
     logging.info('Loading GGUF weights from %s', path)
     if gemma4_lib.is_gemma4_config(cfg):
+      layers = gemma4_gguf.Layers(abstract_model(cfg))
       flat = gguf_lib.load_params_cached(
-          path, cfg, model_cfg.cache_dir, check=_check_gemma4_gguf,
-          load=_load_gemma4_gguf)
+          path, cfg, model_cfg.cache_dir,
+          check=lambda reader, file, c: gemma4_gguf.check_architecture(
+              reader.metadata, file, c, layers),
+          load=lambda file, c, reader: _load_gemma4_gguf(
+              file, c, reader, layers))
     else:
       flat = gguf_lib.load_params_cached(path, cfg, model_cfg.cache_dir)
     return place_params(cfg, flat, mesh, path)
@@ -314,14 +318,8 @@ def gemma4_flat(hf_pairs, cfg, source_name):
   return flat
 
 
-def _check_gemma4_gguf(reader, path, cfg):
-  gemma4_gguf.check_architecture(reader.metadata, path, cfg,
-                                 gemma4_gguf.Layers(abstract_model(cfg)))
-
-
-def _load_gemma4_gguf(path, cfg, reader):
+def _load_gemma4_gguf(path, cfg, reader, layers):
   """{tunix path: array} of a 'gemma4' GGUF file (see gemma4_gguf)."""
-  layers = gemma4_gguf.Layers(abstract_model(cfg))
   return gemma4_flat(
       gemma4_gguf.hf_tensors(gguf_lib.dequantized(reader), path, cfg, layers),
       cfg, path)

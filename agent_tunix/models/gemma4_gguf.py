@@ -146,6 +146,10 @@ class Layers:
   def shared(self, i):
     return self.sharing[i] != i
 
+  @property
+  def num_shared(self):
+    return sum(map(self.shared, range(len(self.sharing))))
+
   def head_dim(self, sliding):
     dims = {d for d, s in zip(self.head_dims, self.sliding) if s == sliding}
     if not dims:
@@ -183,8 +187,7 @@ def add_hparams(writer, cfg, layers, context):
   writer.add_layer_norm_rms_eps(1e-6)
   writer.add_sliding_window(cfg.sliding_window_size)
   writer.add_sliding_window_pattern(list(layers.sliding))
-  writer.add_shared_kv_layers(sum(map(layers.shared,
-                                      range(cfg.num_layers))))
+  writer.add_shared_kv_layers(layers.num_shared)
   writer.add_embedding_length_per_layer_input(cfg.per_layer_input_dim or 0)
   writer.add_rope_freq_base(float(cfg.global_base_frequency))
   writer.add_rope_freq_base_swa(float(cfg.local_base_frequency))
@@ -227,8 +230,7 @@ def check_architecture(metadata, path, cfg, layers):
       'attention.key_length': layers.head_dim(sliding=False),
       'attention.key_length_swa': layers.head_dim(sliding=True),
       'embedding_length_per_layer_input': cfg.per_layer_input_dim or 0,
-      'attention.shared_kv_layers': sum(map(layers.shared,
-                                            range(cfg.num_layers))),
+      'attention.shared_kv_layers': layers.num_shared,
       'expert_count': cfg.num_experts if cfg.enable_moe else None,
   }
   for key, want in expected.items():

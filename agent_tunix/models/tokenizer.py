@@ -46,6 +46,7 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
+from agent_tunix.models import gemma4_gguf
 from agent_tunix.models import gguf as gguf_lib
 
 # Bump when the recipe in `_build_proto` changes, so stale caches are ignored.
@@ -416,7 +417,6 @@ class JsonTokenizer:
     """The vocabulary as a GGUF BPE ('gemma4') tokenizer: pieces by id,
     merges, token types (control for special added tokens, user-defined for
     the other added ones, byte for <0xNN>)."""
-    from agent_tunix.models import gemma4_gguf  # pylint: disable=g-import-not-at-top
     spec = json.loads(self.to_json())
     model = spec.get('model') or {}
     if model.get('type') != 'BPE':
