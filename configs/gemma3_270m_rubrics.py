@@ -47,6 +47,9 @@ def get_config(arg=None):
   config.rewards.functions = 'rubric_judge=1,format_exact=0.05'
   config.judge.backend = 'gemma'
   config.judge.batch_size = 16
+  # The 270M fails the canary (docstring): this preset measures what GRPO
+  # does against that judge, so it skips the check (and logs that it did).
+  config.judge.canary = False
   # Judge noise is amplified by per-group std scaling: centre only.
   config.grpo.scale_rewards = 'none'
   config.grpo.beta = 0.0

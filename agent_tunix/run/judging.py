@@ -9,6 +9,7 @@
 
 import json
 
+from absl import logging
 import numpy as np
 
 from agent_tunix.judge import judge as judge_lib
@@ -24,6 +25,10 @@ def build(config, workdir, model, tokenizer):
   judge = judge_lib.from_config(config, workdir, model, tokenizer)
   if config.judge.canary:
     judge.canary()
+  else:
+    logging.warning(
+        'judge.canary=False: the judge at %s was not checked on a known-good '
+        'and a known-bad answer before training.', judge.backend.where)
   return judge
 
 
