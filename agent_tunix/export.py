@@ -731,6 +731,12 @@ def write_peft(directory, model, config, step=None):
         'config.model.lora_rank is 0: the model has no LoRA adapter to '
         'export. Use --format=merged or --format=gguf.'
     )
+  if config.model.get('lora_experts', False):
+    raise ExportError(
+        'config.model.lora_experts=True: the per-expert adapters have no '
+        'PEFT layout here. Use --format=merged or --format=gguf (both hold '
+        'the experts with their LoRA merged in).'
+    )
   modules = set()
 
   def tensors():

@@ -65,6 +65,9 @@ def get_config(arg=None):
       '.*q_einsum|.*kv_einsum|.*qkv_einsum|.*attn_vec_einsum|'
       '.*gate_proj|.*down_proj|.*up_proj'
   )
+  # Gemma 4 mixture-of-experts presets: also give every expert its own
+  # LoRA pair on its gate/up and down projections (same rank and alpha).
+  config.model.lora_experts = False
 
   # ----------------------------------------------------------------- data
   config.data = ml_collections.ConfigDict()

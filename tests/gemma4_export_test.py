@@ -98,9 +98,12 @@ def test_trained_tiny_gemma4_reloads_from_its_export(trained):
                                      'full_attention']
 
 
-@pytest.mark.parametrize('preset', ['tiny_gemma4', 'tiny_gemma4_moe'])
+@pytest.mark.parametrize('preset', ['tiny_gemma4', 'tiny_gemma4_moe',
+                                    'tiny_gemma4_moe+experts'])
 def test_merged_and_peft_layouts(preset, tmp_path):
+  preset, _, experts = preset.partition('+')
   config = tiny_gemma4.get_config(f'model.preset={preset},model.lora_rank=3')
+  config.model.lora_experts = bool(experts)
   mesh = sharding.make_mesh(config.mesh)
   model, tokenizer = models.build(config, mesh)
   state = lora.lora_state(model)
@@ -111,6 +114,14 @@ def test_merged_and_peft_layouts(preset, tmp_path):
   want = _logps(model, tokens, mask)
   base = _logps(model, tokens, mask, use_lora=False)
   assert np.abs(want - base).max() > 1e-3  # The LoRA matters.
+  if experts:  # ... and so does the experts' own, alone.
+    randomized = jax.tree.map(jnp.array, lora.lora_state(model))
+    for path, var in nnx.to_flat_state(lora.lora_state(model)):
+      if 'moe' not in path:
+        var.set_value(jnp.zeros_like(var[...]))
+    assert np.abs(_logps(model, tokens, mask) - base).max() > 1e-3
+    nnx.update(model, randomized)
+    np.testing.assert_array_equal(_logps(model, tokens, mask), want)
   merged = export.export(model, tokenizer, config, 'merged',
                          str(tmp_path / 'merged'))
   names = safetensors.numpy.load_file(
@@ -122,7 +133,27 @@ def test_merged_and_peft_layouts(preset, tmp_path):
   reload_cfg.source, reload_cfg.path, reload_cfg.lora_rank = 'hf', merged, 0
   reloaded = gemma.load_model(reload_cfg, mesh)
   np.testing.assert_allclose(_logps(reloaded, tokens, mask), want, atol=1e-5)
-  # PEFT: each factor pair rebuilds the merged weight's delta.
+  if experts:
+    # The experts' own LoRA is in the merged weights (checked above); PEFT
+    # has no layout for it and says so.
+    with pytest.raises(export.ExportError, match='lora_experts'):
+      export.export(model, tokenizer, config, 'peft', str(tmp_path / 'peft'))
+  else:
+    _check_peft(model, tokenizer, config, reload_cfg, names, tmp_path)
+  # GGUF ('gemma4'): the merged weights reload with the same log-probs.
+  path = export.export(model, tokenizer, config, 'gguf',
+                       str(tmp_path / 'model.gguf'))
+  reload_cfg.source, reload_cfg.path = 'gguf', path
+  reload_cfg.cache_dir = str(tmp_path / 'cache')
+  for _ in range(2):  # Dequantized, then from the cache.
+    reloaded = gemma.load_model(reload_cfg, mesh)
+    np.testing.assert_allclose(_logps(reloaded, tokens, mask), want,
+                               atol=1e-5)
+  _check_gguf_layout(path, preset)
+
+
+def _check_peft(model, tokenizer, config, reload_cfg, names, tmp_path):
+  """PEFT: each factor pair rebuilds the merged weight's delta."""
   peft = export.export(model, tokenizer, config, 'peft',
                        str(tmp_path / 'peft'))
   adapter = safetensors.numpy.load_file(
@@ -142,16 +173,6 @@ def test_merged_and_peft_layouts(preset, tmp_path):
     checked += 1
   assert checked >= 4 * config.model.lora_rank
   assert any('self_attn.k_proj.lora_A' in n for n in adapter)
-  # GGUF ('gemma4'): the merged weights reload with the same log-probs.
-  path = export.export(model, tokenizer, config, 'gguf',
-                       str(tmp_path / 'model.gguf'))
-  reload_cfg.source, reload_cfg.path = 'gguf', path
-  reload_cfg.cache_dir = str(tmp_path / 'cache')
-  for _ in range(2):  # Dequantized, then from the cache.
-    reloaded = gemma.load_model(reload_cfg, mesh)
-    np.testing.assert_allclose(_logps(reloaded, tokens, mask), want,
-                               atol=1e-5)
-  _check_gguf_layout(path, preset)
 
 
 def _check_gguf_layout(path, preset):
@@ -290,9 +311,11 @@ def test_a_tokenizer_json_becomes_a_bpe_gguf_vocabulary(tmp_path):
 
 
 def test_tiny_moe_trains_two_steps_and_logs_expert_load(tmp_path):
+  """The MoE model with LoRA on its experts too trains and logs its load."""
   done = subprocess.run(
       [sys.executable, '-m', 'agent_tunix.main',
        '--config=configs/tiny_gemma4.py:model.preset=tiny_gemma4_moe',
+       '--config.model.lora_experts=True',
        f'--workdir={tmp_path}'],
       cwd=_REPO, env=_env(), capture_output=True, text=True, timeout=600,
       check=False)

@@ -42,10 +42,16 @@ def _config(preset='tiny_gemma4', arg=None):
   return config
 
 
-@pytest.fixture(scope='module', params=['tiny_gemma4', 'tiny_gemma4_moe'])
+@pytest.fixture(scope='module', params=['tiny_gemma4', 'tiny_gemma4_moe',
+                                        'tiny_gemma4_moe+experts'])
 def policy(request):
-  """(config, LoRA policy with non-zero adapters, tokenizer)."""
-  config = _config(request.param)
+  """(config, LoRA policy with non-zero adapters, tokenizer).
+
+  '+experts': the MoE model with per-expert LoRA too (model.lora_experts).
+  """
+  preset, _, experts = request.param.partition('+')
+  config = _config(preset)
+  config.model.lora_experts = bool(experts)
   model, tokenizer = models.build(config, sharding.make_mesh(config.mesh))
   # qwix starts lora_b at zero; random adapters make the LoRA path visible.
   state = lora.lora_state(model)
@@ -164,6 +170,40 @@ def test_lora_targets(policy):
     else:
       assert f'layers/{i}/attn/kv_einsum' in paths
   assert config.model.lora_module_path == tiny_gemma4.base.GEMMA4_LORA_MODULES
+  experts = {p for p in paths if '/moe' in p}
+  if config.model.lora_experts:
+    assert experts == {f'layers/{i}/moe' for i in range(len(model.layers))}
+  else:
+    assert not experts
+
+
+def test_expert_lora_factors():
+  """Per-expert factors: shapes, sharding, a zero start, refusals."""
+  config = _config('tiny_gemma4_moe')
+  config.model.lora_experts = True
+  validation.validate(config)
+  model, _ = models.build(config, sharding.make_mesh(config.mesh))
+  moe = model.layers[0].moe
+  e, h, d, r = (moe.num_experts, moe.hidden_dim, moe.features,
+                config.model.lora_rank)
+  assert moe.gating_einsum_lora_a.shape == (e, d, r)
+  assert moe.gating_einsum_lora_b.shape == (e, r, 2, h)
+  assert moe.linear_lora_a.shape == (e, h, r)
+  assert moe.linear_lora_b.shape == (e, r, d)
+  assert moe.lora_scale == config.model.lora_alpha / r
+  # B starts at zero: the policy equals the base model until it trains.
+  assert not np.any(np.asarray(moe.gating_einsum_lora_b[...]))
+  # The expert axis keeps the experts' sharding, the rank axis none.
+  gate_spec = moe.gating_einsum.get_metadata()['out_sharding']
+  assert moe.gating_einsum_lora_a.get_metadata()['out_sharding'] == (
+      gate_spec[0], gate_spec[3], None)
+  assert moe.linear_lora_b.get_metadata()['out_sharding'] == (
+      moe.linear.get_metadata()['out_sharding'][0], None,
+      moe.linear.get_metadata()['out_sharding'][2])
+  dense = _config('tiny_gemma4')
+  dense.model.lora_experts = True
+  with pytest.raises(validation.ConfigError, match='lora_experts=True'):
+    validation.validate(dense)
 
 
 def test_lora_on_each_target_changes_the_output(policy, batch):
@@ -172,11 +212,11 @@ def test_lora_on_each_target_changes_the_output(policy, batch):
   base = np.asarray(logprobs.per_token_logps(
       model, tokens, mask, _COMPLETION, 64, use_lora=False)[0])
   flat = dict(nnx.to_flat_state(lora.lora_state(model)))
-  targets = sorted({p[:-1] for p in flat if str(p[-1]).endswith('lora_b')})
+  targets = sorted(p for p in flat if str(p[-1]).endswith('lora_b'))
   assert targets
   for target in targets:
     # Only this target's adapter on; every other lora_b zeroed.
-    only = {p: (v[...] if p[:-1] == target else jnp.zeros_like(v[...]))
+    only = {p: (v[...] if p == target else jnp.zeros_like(v[...]))
             for p, v in flat.items() if str(p[-1]).endswith('lora_b')}
     saved = {p: flat[p][...] for p in only}
     for p, value in only.items():

@@ -32,12 +32,17 @@ import pytest
 from agent_tunix.tpu import sharding
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
-_TIMEOUT_S = 900  # Generous: both children take ~1.5 min on 2 idle cores.
+_TIMEOUT_S = 900  # Generous: the three children take ~2 min on 2 idle cores.
 _LOSS_RTOL = 1e-5
 _LORA_ATOL = 1e-6
+# The MoE model's first Adam step (g / (|g| + eps)) turns summation-order
+# noise in its experts' tiny gradients into up to ~1e-6 of a ~1e-3 move.
+_MOE_LORA_ATOL = 5e-6
 
 # Runs in a subprocess: argv = [meshes as JSON, meshes whose KV cache layout
-# to report as JSON, output pickle path].
+# to report as JSON, output pickle path, model tag]. Tag '' is configs/tiny.py
+# (Gemma 3); 'moe' the tiny Gemma 4 mixture of experts with LoRA on its
+# experts too (model.lora_experts). Results are keyed tag + mesh.
 _CHILD = r'''
 import dataclasses
 import json
@@ -54,7 +59,9 @@ from agent_tunix.rl import rollout
 from agent_tunix.run import train
 from agent_tunix.tpu import sharding
 from configs import tiny
+from configs import tiny_gemma4
 
+TAG = sys.argv[4]
 shapes = [tuple(s) for s in json.loads(sys.argv[1])]
 cache_on = [tuple(s) for s in json.loads(sys.argv[2])]
 PROMPT, COMPLETION, PROMPTS, G = 16, 8, 4, 2
@@ -62,7 +69,11 @@ ROWS = PROMPTS * G
 
 
 def config_for(shape):
-  config = tiny.get_config()
+  if TAG == 'moe':
+    config = tiny_gemma4.get_config('model.preset=tiny_gemma4_moe')
+    config.model.lora_experts = True
+  else:
+    config = tiny.get_config()
   config.mesh.shape = shape
   config.training.batch_size = PROMPTS
   # Micro-batch rows must split over the data-parallel devices.
@@ -70,7 +81,7 @@ def config_for(shape):
   config.grpo.beta = 0.04
   # The [2, 2] mesh also recomputes each layer in the backward pass: its
   # update must still equal the one-device update (remat 'none').
-  config.model.remat = 'layer' if shape == [2, 2] else 'none'
+  config.model.remat = 'layer' if tuple(shape) == (2, 2) else 'none'
   return config
 
 
@@ -159,7 +170,7 @@ for shape in shapes:
   result['lora_after'] = lora_values(model)
   result['lora'] = layout(nnx.state(model, nnx.LoRAParam))
   result['opt'] = layout(nnx.state(session.optimizer, nnx.OptState))
-  results[str(list(shape))] = result
+  results[TAG + str(list(shape))] = result
   print('done', shape, result['metrics'], flush=True)
 
 with open(sys.argv[3], 'wb') as f:
@@ -167,7 +178,7 @@ with open(sys.argv[3], 'wb') as f:
 '''
 
 
-def _start(devices, shapes, cache_on, out, log):
+def _start(devices, shapes, cache_on, out, log, tag):
   env = dict(os.environ)
   env['XLA_FLAGS'] = (
       env.get('XLA_FLAGS', '') +
@@ -178,7 +189,7 @@ def _start(devices, shapes, cache_on, out, log):
   with open(log, 'wb') as f:
     return subprocess.Popen(
         [sys.executable, '-c', _CHILD, json.dumps(shapes),
-         json.dumps(cache_on), str(out)],
+         json.dumps(cache_on), str(out), tag],
         cwd=_REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
 
 
@@ -189,17 +200,22 @@ def _tail(path, lines=30):
 
 @pytest.fixture(scope='module')
 def meshes(tmp_path_factory):
-  """{'[f, t]': child result} for the meshes on 4 and on 8 devices."""
+  """{'[f, t]': child result} for the meshes on 4 and on 8 devices.
+
+  'moe[f, t]': the tiny Gemma 4 mixture of experts, on its own 4 devices.
+  """
   root = tmp_path_factory.mktemp('meshes')
   jobs = [
-      (4, [[2, 2], [1, 1], [4, 1]], [[2, 2]]),
-      (8, [[8, 1]], []),
+      (4, [[2, 2], [1, 1], [4, 1]], [[2, 2]], ''),
+      (8, [[8, 1]], [], ''),
+      (4, [[1, 1], [2, 2]], [], 'moe'),
   ]
   procs = []
   try:
-    for devices, shapes, cache_on in jobs:
-      out, log = root / f'{devices}.pkl', root / f'{devices}.log'
-      procs.append((_start(devices, shapes, cache_on, out, log), out, log))
+    for devices, shapes, cache_on, tag in jobs:
+      out, log = root / f'{tag}{devices}.pkl', root / f'{tag}{devices}.log'
+      procs.append(
+          (_start(devices, shapes, cache_on, out, log, tag), out, log))
     deadline = time.monotonic() + _TIMEOUT_S
     for proc, _, log in procs:
       try:
@@ -220,13 +236,18 @@ def meshes(tmp_path_factory):
   return results
 
 
-_SHARDED = ['[4, 1]', '[2, 2]', '[8, 1]']
+_SHARDED = ['[4, 1]', '[2, 2]', '[8, 1]', 'moe[2, 2]']
+
+
+def _shape(mesh):
+  return json.loads(mesh[mesh.index('['):])
 
 
 @pytest.mark.parametrize('mesh', _SHARDED)
 def test_one_grpo_step_matches_one_device(meshes, mesh):
-  ref, got = meshes['[1, 1]'], meshes[mesh]
-  assert got['devices'] == int(np.prod(json.loads(mesh)))
+  tag = mesh[:mesh.index('[')]
+  ref, got = meshes[tag + '[1, 1]'], meshes[mesh]
+  assert got['devices'] == int(np.prod(_shape(mesh)))
   for name, value in ref['metrics'].items():
     np.testing.assert_allclose(
         got['metrics'][name], value, rtol=_LOSS_RTOL, atol=1e-7,
@@ -240,7 +261,8 @@ def test_one_grpo_step_matches_one_device(meshes, mesh):
         atol=1e-7, err_msg=f'initial {name} on mesh {mesh}')
     # ... and the same update.
     np.testing.assert_allclose(
-        got['lora_after'][name], value, rtol=0, atol=_LORA_ATOL,
+        got['lora_after'][name], value, rtol=0,
+        atol=_MOE_LORA_ATOL if tag else _LORA_ATOL,
         err_msg=f'updated {name} on mesh {mesh}')
   moved = max(np.abs(ref['lora_after'][n] - ref['lora_before'][n]).max()
               for n in ref['lora_after'])
@@ -261,19 +283,27 @@ def _check_valid(name, entry, mesh_shape):
   assert len(used) == len(set(used)), (name, entry)
 
 
-@pytest.mark.parametrize('mesh', ['[1, 1]'] + _SHARDED)
+@pytest.mark.parametrize('mesh', ['[1, 1]', 'moe[1, 1]'] + _SHARDED)
 def test_lora_and_optimizer_specs_are_valid(meshes, mesh):
-  got, shape = meshes[mesh], json.loads(mesh)
+  got, shape = meshes[mesh], _shape(mesh)
   for group in ('params', 'lora', 'opt', 'batch'):
     for name, entry in got[group].items():
       assert entry['on_mesh'], f'{group} {name} is not on the mesh: {entry}'
       _check_valid(name, entry, shape)
-  # The Adam moments are laid out like the LoRA param they follow.
+  # The Adam moments are split like the LoRA param they follow (a mesh axis
+  # of size 1 splits nothing: on one device the compiler may drop it).
+  sizes = dict(zip(('fsdp', 'tp'), shape))
+
+  def split(spec):
+    return [None if isinstance(axis, (str, type(None)))
+            and sizes.get(axis, 1) == 1 else axis for axis in spec]
+
   for name, entry in got['lora'].items():
     for moment in ('mu', 'nu'):
       (opt_name,) = [n for n in got['opt']
                      if n.endswith(f'/{moment}/{name}')]
-      assert got['opt'][opt_name]['spec'] == entry['spec'], (opt_name, name)
+      assert split(got['opt'][opt_name]['spec']) == split(entry['spec']), (
+          opt_name, name)
 
 
 # Shard shapes that show the arrays are split, not replicated.
@@ -299,6 +329,16 @@ _EXPECTED_SHARDS = {
         ('lora', 'layers/0/attn/q_einsum/w_lora_a'): [4, 4],
         ('opt', 'mu/layers/0/attn/q_einsum/w_lora_a'): [4, 4],
         ('batch', 'advantages'): [1],
+    },
+    # 4 experts over fsdp; A's input side (D = 32) over tp like the
+    # experts' D, B's output side unsplit like theirs; rank 4 whole.
+    'moe[2, 2]': {
+        ('params', 'layers/0/moe/gating_einsum'): [2, 2, 16, 16],
+        ('lora', 'layers/0/moe/gating_einsum_lora_a'): [2, 16, 4],
+        ('lora', 'layers/0/moe/gating_einsum_lora_b'): [2, 4, 2, 16],
+        ('lora', 'layers/0/moe/linear_lora_a'): [2, 8, 4],
+        ('lora', 'layers/0/moe/linear_lora_b'): [2, 4, 32],
+        ('opt', 'mu/layers/0/moe/linear_lora_a'): [2, 8, 4],
     },
 }
 

@@ -144,6 +144,15 @@ def _check_model(config):
       "Point config.model.path to a Gemma 4 ('gemma4') GGUF file.",
   )
   _require(
+      not m.get('lora_experts', False) or (
+          gemma.is_gemma4(m.preset)
+          and gemma.model_config(m).enable_moe and m.lora_rank > 0),
+      f'config.model.lora_experts=True needs a mixture-of-experts preset '
+      f'and config.model.lora_rank > 0; config.model.preset={m.preset!r} '
+      f'(lora_rank {m.lora_rank}). Use gemma4_26b_a4b (or '
+      'tiny_gemma4_moe), or set config.model.lora_experts=False.',
+  )
+  _require(
       not config.data.thinking or gemma.is_gemma4(m.preset),
       f'config.data.thinking=True needs a Gemma 4 preset (its <|think|> '
       f'switch); config.model.preset={m.preset!r} has none. Set '

@@ -40,6 +40,8 @@ from tunix.generate import utils as sampler_utils
 from tunix.models.gemma4 import model as model_lib
 from tunix.models.gemma4 import moe as moe_lib
 
+from agent_tunix.models import lora as lora_lib
+
 ModelConfig = model_lib.ModelConfig
 _L = model_lib.AttentionType.LOCAL_SLIDING
 _G = model_lib.AttentionType.GLOBAL
@@ -176,6 +178,84 @@ class ExactTopKMoE(moe_lib.MoERagged):
     weights, choices = self._router(logits)
     return self._run_ffw_and_routing(x, choices, weights)
 
+  def add_lora(self, rank, scale, rngs):
+    """Adds per-expert LoRA factors to `gating_einsum` and `linear`.
+
+    Each expert e gets its own pair: gating_einsum [E, 2, H, D] gains
+    A [E, D, r] and B [E, r, 2, H] (delta[e] = A[e] B[e], in the weight's
+    (2, H, D) order), linear [E, H, D] gains A [E, H, r] and B [E, r, D].
+    A starts He-uniform, B at zero (the model is unchanged until trained),
+    as qwix initialises the dense adapters. Each factor keeps the expert
+    axis's and its own input- or output-side axis's sharding from the
+    weight it adapts; the rank axis is unsharded.
+    """
+    self.lora_scale = float(scale)
+    e, h, d = self.num_experts, self.hidden_dim, self.features
+    # (weight, A shape, B shape, the weight's axis behind each factor axis)
+    factors = (
+        ('gating_einsum', (e, d, rank), (e, rank, 2, h), (0, 3, None),
+         (0, None, 1, 2)),
+        ('linear', (e, h, rank), (e, rank, d), (0, 1, None), (0, None, 2)),
+    )
+    for name, a_shape, b_shape, a_axes, b_axes in factors:
+      weight = getattr(self, name)
+      dtype = weight.dtype
+      a = jax.nn.initializers.he_uniform(in_axis=1, out_axis=2, batch_axis=0)(
+          rngs.params(), a_shape, dtype)
+      b = jnp.zeros(b_shape, dtype)
+      for suffix, value, axes in (('_lora_a', a, a_axes),
+                                  ('_lora_b', b, b_axes)):
+        spec = _factor_spec(weight, axes)
+        value = _place_like(weight, value, spec)
+        kwargs = {} if spec is None else {'out_sharding': spec}
+        setattr(self, name + suffix, nnx.LoRAParam(value, **kwargs))
+
+  def _expert_lora(self, name, xs, sizes):
+    """scale * (xs A[e]) B[e] for the rows of each expert, or None."""
+    a = getattr(self, name + '_lora_a', None)
+    if a is None or not lora_lib.adapters_on():
+      return None
+    b = getattr(self, name + '_lora_b')
+    dtype = self.config.dtype
+    b = b[...].reshape(b.shape[0], b.shape[1], -1).astype(dtype)
+    low = jax.lax.ragged_dot(xs, a[...].astype(dtype), group_sizes=sizes)
+    return jax.lax.ragged_dot(low, b, group_sizes=sizes) * jnp.asarray(
+        self.lora_scale, dtype)
+
+  def _run_ffw_and_routing(self, x, expert_choices, expert_weights):
+    """The experts' gated FFN on the routed tokens, with their LoRA if any.
+
+    The same computation as tunix 0.1.7's `MoERagged` (tokens sorted by
+    expert, one ragged dot per projection, per-expert scale, weighted
+    sum over the top-k), plus each expert's low-rank delta as two more
+    ragged dots (`_expert_lora`): the merged [E, D, 2H] weights are never
+    formed.
+    """
+    sizes, xs, reverse, combine = moe_lib._expert_dispatch(  # pylint: disable=protected-access
+        x, expert_choices, expert_weights)
+    e, h, d = self.num_experts, self.hidden_dim, self.features
+    dtype = self.config.dtype
+    gate = jnp.transpose(self.gating_einsum[...], (0, 3, 1, 2))
+    hidden = jax.lax.ragged_dot(
+        xs, gate.reshape(e, d, 2 * h).astype(dtype), group_sizes=sizes)
+    delta = self._expert_lora('gating_einsum', xs, sizes)
+    if delta is not None:
+      hidden = hidden + delta
+    hidden = hidden.reshape(hidden.shape[0], 2, h)
+    act = nnx.gelu(hidden[:, 0, :]) * hidden[:, 1, :]
+    out = jax.lax.ragged_dot(act, self.linear[...].astype(dtype),
+                             group_sizes=sizes)
+    delta = self._expert_lora('linear', act, sizes)
+    if delta is not None:
+      out = out + delta
+    expert_of_row = jnp.repeat(jnp.arange(e), sizes,
+                               total_repeat_length=out.shape[0])
+    out = out * self.per_expert_scale[...].astype(out.dtype)[expert_of_row,
+                                                             None]
+    out = moe_lib._expert_collect(out, reverse, combine)  # pylint: disable=protected-access
+    return jnp.einsum('blkd,blk->bld', out, combine,
+                      preferred_element_type=out.dtype)
+
   def _router(self, router_logits):
     router_logits = router_logits.astype(jnp.float32)
     probs = jax.nn.softmax(router_logits, axis=-1)
@@ -188,6 +268,24 @@ class ExactTopKMoE(moe_lib.MoERagged):
     if getattr(self, 'record_stats', False):
       self.sow(nnx.Intermediate, 'moe_choices', choices)
     return weights, choices
+
+
+def _factor_spec(weight, axes):
+  """A LoRA factor's sharding: the weight's entry for each mapped axis."""
+  spec = weight.get_metadata().get('out_sharding')
+  if not spec:
+    return None
+  spec = tuple(spec) + (None,) * (len(weight.shape) - len(spec))
+  return tuple(None if i is None else spec[i] for i in axes)
+
+
+def _place_like(weight, value, spec):
+  """`value` on the weight's mesh with `spec` when the weight is placed."""
+  sharding = getattr(weight[...], 'sharding', None)
+  if spec is None or not isinstance(sharding, jax.sharding.NamedSharding):
+    return value
+  return jax.device_put(value, jax.sharding.NamedSharding(
+      sharding.mesh, jax.sharding.PartitionSpec(*spec)))
 
 
 def decoder_block(layer, x, segment_pos, cache, attn_mask,
@@ -238,6 +336,17 @@ class Gemma4(model_lib.Gemma4):
       if hasattr(layer, 'moe'):
         layer.moe.__class__ = ExactTopKMoE
     _unshard_unit_dims(self)
+
+  def add_expert_lora(self, rank, scale, seed=0):
+    """Per-expert LoRA (`ExactTopKMoE.add_lora`) on every MoE layer.
+
+    Returns the number of layers adapted (0 for a dense model).
+    """
+    moes = [layer.moe for layer in self.layers if hasattr(layer, 'moe')]
+    rngs = nnx.Rngs(seed)
+    for moe in moes:
+      moe.add_lora(rank, scale, rngs)
+    return len(moes)
 
   def __call__(self, tokens, positions=None, cache=None, attention_mask=None,
                decode_only_last_token=False, segment_ids=None,

@@ -49,7 +49,13 @@ _NORMS = {
 _LAYER = re.compile(r'layers\.(\d+)\.(.+)')
 # LoRA delta 'A,B->W' of the Gemma 4 weights Gemma 3 lacks (the others are
 # shared with Gemma 3's table in export.py).
-LORA_DELTA_EINSUM = {'attn.k_einsum.w': 'dr,rkh->kdh'}
+# Per-expert adapters (model.lora_experts): gating_einsum [E, 2, H, D] from
+# A [E, D, r] and B [E, r, 2, H]; linear [E, H, D] from A [E, H, r], B [E, r, D].
+LORA_DELTA_EINSUM = {
+    'attn.k_einsum.w': 'dr,rkh->kdh',
+    'moe.gating_einsum': 'edr,erch->echd',
+    'moe.linear': 'ehr,erd->ehd',
+}
 
 
 def _heads_to_rows(w):

@@ -7,11 +7,12 @@ full [rows, length, vocab] logits: the vocabulary projection runs in
 chunks (`chunked_token_logps`), and when G rows share a prompt the prompt
 runs through the model once (`shared_prompt_hidden_states`).
 
-The reference policy is the same backbone with LoRA disabled: qwix rewrites
-the model's class so that only its top-level `__call__` applies the adapters,
-and keeps the plain class as `_unquantized_type`. Calling that class's
-`__call__` on the same object runs the frozen weights alone, so no second copy
-of the weights is needed.
+The reference policy is the same backbone with LoRA disabled
+(`lora.model_call(model, use_lora=False)`): qwix rewrites the model's class
+so that only its top-level `__call__` applies the adapters, and keeps the
+plain class as `_unquantized_type`. Calling that class's `__call__` on the
+same object (with the experts' own adapters switched off too) runs the
+frozen weights alone, so no second copy of the weights is needed.
 """
 
 from flax import nnx
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from agent_tunix.models import gemma4 as gemma4_lib
+from agent_tunix.models import lora
 
 
 def chunked_token_logps(
@@ -120,8 +122,9 @@ def final_hidden_states(
 
   The full-vocabulary logits the model returns are discarded (XLA removes
   that matmul under jit). With use_lora=False the plain (pre-qwix) class's
-  `__call__` runs on the same object, which skips the LoRA adapters; for a
-  model without LoRA both settings are the same.
+  `__call__` runs on the same object, which skips the LoRA adapters (qwix's
+  and the experts' own); for a model without LoRA both settings are the
+  same.
 
   Args:
     model: a tunix Gemma3 (optionally with qwix LoRA applied).
@@ -132,12 +135,10 @@ def final_hidden_states(
   Returns:
     [B, L, D] hidden states in the model's compute dtype.
   """
-  model_cls = type(model)
-  if not use_lora:
-    model_cls = getattr(model_cls, '_unquantized_type', model_cls)
+  call = lora.model_call(model, use_lora)
 
   def forward(module):
-    model_cls.__call__(
+    call(
         module,
         tokens,
         positions_from_mask(input_mask),
@@ -213,9 +214,7 @@ def shared_prompt_hidden_states(
     raise ValueError(f'group={group} does not divide the {rows} rows.')
   prompt_len = length - completion_len
   cache_len = length - 1  # The last token predicts nothing here.
-  model_cls = type(model)
-  if not use_lora:
-    model_cls = getattr(model_cls, '_unquantized_type', model_cls)
+  call = lora.model_call(model, use_lora)
   positions = positions_from_mask(input_mask)
   cfg = model.config
   dtype = model.embedder.input_embedding[...].dtype
@@ -235,7 +234,7 @@ def shared_prompt_hidden_states(
   head_attn = jnp.pad(
       causal_attention_mask(head_mask), ((0, 0), (0, 0), (0, cache_len - head))
   )
-  _, cache = model_cls.__call__(
+  _, cache = call(
       model, tokens[::group, :head], positions[::group, :head], cache,
       head_attn,
   )
@@ -250,7 +249,7 @@ def shared_prompt_hidden_states(
   )
 
   def forward(module):
-    model_cls.__call__(
+    call(
         module, tokens[:, tail], positions[:, tail], cache, tail_attn,
         output_hidden_states=True,
     )
