@@ -12,15 +12,20 @@ The judge's agreement with the rows' labelled verdicts:
 
   python -m agent_tunix.judge_agreement --config=configs/gemma3_270m_rubrics.py
 
-Measured (2-core CPU, 50 s): the pretrained 270M is not a judge. It agrees
+Measured (2-core CPU): the pretrained 270M is not a judge. It agrees
 with 61.8% of the 144 labelled item verdicts of the 12 held-out rows
 (saying "yes" to every item would agree with 58.3%), ranks the best
 labelled answer first in 0 of 12 rows, and fails the canary (a right
-answer 0.535, a wrong one 0.582), so this preset refuses to start. Worked
-examples in the judge prompt (ranking 8 of 12, agreement 41.7%) and
-calibrating P(yes) against an empty response (agreement 50.7%, ranking
-0 of 12) did not make it pass. Point judge.preset / judge.source /
-judge.path at a larger Gemma, or use judge.backend=http.
+answer 0.535, a wrong one 0.582). Worked examples in the judge prompt
+(ranking 8 of 12, agreement 41.7%) and calibrating P(yes) against an
+empty response (agreement 50.7%, ranking 0 of 12) did not make it pass.
+This preset therefore skips the canary, to measure what GRPO does against
+such a judge: in 40 steps (23 min) the held-out rubric score went from
+0.500 [0.474, 0.525] to 0.491 [0.469, 0.514] (no change; the judge marks
+nearly every item met, pitfalls too), while the small format reward was
+learned (75% -> 100%). For a run that can learn, point judge.preset /
+judge.source / judge.path at a larger Gemma (with
+`--config.judge.canary=True`), or use judge.backend=http.
 """
 
 import os

@@ -481,3 +481,24 @@ def test_config_refuses_mismatched_rows_rewards_and_judges(fields, message):
     config[section][name] = value
   with pytest.raises(validation.ConfigError, match=message):
     validation.validate(config, num_devices=1)
+
+
+def test_a_run_without_the_canary_says_so(caplog):
+  """judging.build skips the canary only when told, and logs that it did."""
+  from agent_tunix.run import judging  # pylint: disable=g-import-not-at-top
+  config = base.get_config()
+  config.rewards.functions = 'rubric_judge=1'
+  config.judge = _judge_config('')
+  config.judge.backend = 'http'
+  with judge_fixtures.FakeJudge(default='all_met') as server:
+    config.judge.base_url = server.url
+    with pytest.raises(judge_lib.JudgeError, match='must score higher'):
+      judging.build(config, None, None, None)
+    asked = server.requests
+    config.judge.canary = False
+    with caplog.at_level('WARNING'):
+      judge = judging.build(config, None, None, None)
+    judge.close()
+  assert asked == 2 and server.requests == 2  # No canary calls this time.
+  assert any('judge.canary=False' in r.getMessage() and server.url in
+             r.getMessage() for r in caplog.records)

@@ -24,7 +24,11 @@ def build(config, workdir, model, tokenizer):
     return None
   judge = judge_lib.from_config(config, workdir, model, tokenizer)
   if config.judge.canary:
-    judge.canary()
+    try:
+      judge.canary()
+    except Exception:
+      judge.close()
+      raise
   else:
     logging.warning(
         'judge.canary=False: the judge at %s was not checked on a known-good '
