@@ -18,7 +18,9 @@ the groups chosen from all of them are split over the processes as one
 process would order them; the checks below then also cover that the two
 processes took the same decisions as the single one.
 
-The same runs are repeated with multi-turn episodes
+The same runs are repeated with rubric rows judged by the in-process Gemma
+judge, whose calls are collectives over both processes, and with multi-turn
+episodes
 (`episode_fixtures:ScriptedEnvironment`: every row pauses, gets text
 inserted twice and resumes in its KV cache), so the two processes must
 also insert the same tokens and produce the single process's episodes.
@@ -47,7 +49,9 @@ _NUM_STEPS = 2
 # Wall-clock scalars differ between any two runs.
 _TIMING_TAGS = frozenset(
     {'time/rollout_s', 'time/update_s', 'tokens_per_s', 'steps_per_sec',
-     'uptime'})
+     'uptime'} | {f'{prefix}judge/{tag}' for prefix in ('', 'eval/')
+                  for tag in ('wall_s', 'time_share', 'latency_s/p50',
+                              'latency_s/p95')})
 _OVERRIDES = (
     f'--config.training.num_steps={_NUM_STEPS}',
     '--config.training.batch_size=4',  # 2 prompts per process.
@@ -67,6 +71,21 @@ _VARIANTS = {
     'episodes': (
         '--config.agent.environment=episode_fixtures:ScriptedEnvironment',
         '--config.generation.max_generation_steps=24',
+    ),
+    # Rubric rows judged by the in-process Gemma judge (the tiny model's
+    # base weights): each process judges a different number of items, all
+    # of them in the same batches on every process.
+    'rubrics': (
+        '--config.data.task=rubric', '--config.data.source=jsonl',
+        '--config.data.path=data/rubrics/{split}.jsonl',
+        '--config.data.reference_column=reference_answer',
+        '--config.rewards.functions=rubric_judge=1',
+        '--config.judge.backend=gemma', '--config.judge.canary=False',
+        '--config.judge.batch_size=8',
+        # As configs/gemma3_270m_rubrics.py: centred rewards. Scaled by a
+        # group's small std, the judge's float round-off between 1 and 2
+        # processes (~1e-7) grows past the comparison's tolerance.
+        '--config.grpo.scale_rewards=none',
     ),
 }
 
@@ -169,8 +188,14 @@ def test_two_processes_train_like_one(runs):
   assert one['reward/std'][1] > 0
   assert one['loss'][_NUM_STEPS] != 0
   assert one['kl'][_NUM_STEPS] > 0
-  # Dynamic sampling drew further prompts (compared above like every tag).
-  assert sum(one['dynamic_sampling/extra_prompts'].values()) > 0
+  # Dynamic sampling drew further prompts (compared above like every tag);
+  # the judge's continuous scores leave no group without a spread.
+  if 'judge/requests' not in one:
+    assert sum(one['dynamic_sampling/extra_prompts'].values()) > 0
+  if 'judge/requests' in one:  # Rubrics: judged (and, compared above,
+    # the counts are every process's, not process 0's alone).
+    assert one['judge/requests'][1] > 0
+    assert 'judge/pass_rate/overall' in one
   if 'agent/turns_mean' in one:  # Episodes: rows paused and got inserts.
     assert max(one['agent/tool_tokens_mean'].values()) > 0
     assert max(one['agent/turns_mean'].values()) > 1

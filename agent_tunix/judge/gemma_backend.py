@@ -24,6 +24,7 @@ import time
 
 from absl import logging
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 from flax import nnx
 import numpy as np
@@ -34,6 +35,7 @@ from agent_tunix.judge import verdicts as verdicts_lib
 from agent_tunix.models import gemma4 as gemma4_lib
 from agent_tunix.rl import grpo
 from agent_tunix.rl import logprobs
+from agent_tunix.tpu import sharding
 
 _YES = (' yes', ' Yes')
 _NO = (' no', ' No')
@@ -112,21 +114,22 @@ class GemmaBackend:
           f"The judge's tokenizer has no single-token ' yes' / ' no' "
           f'(yes ids {self._yes}, no ids {self._no}); use judge.backend=http.')
     self._program, self._state = answer_logps_program(model)
+    # On several processes every judge call is a collective: each process
+    # brings its own pairs, all of them are judged together (below).
+    self.collective = jax.process_count() > 1
+    mesh = sharding.model_mesh(model)
+    self._replicated = (
+        jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        if self.collective and mesh is not None else None)
 
   @classmethod
   def from_config(cls, config, model, tokenizer):
     """The policy's base weights (judge.preset '') or the judge's own."""
-    if jax.process_count() > 1:
-      raise ValueError(
-          "judge.backend='gemma' runs in one process for now (each process "
-          "would judge a different number of items); use judge.backend=http "
-          'on a multi-host run.')
     j = config.judge
     if not j.preset:
       return cls(model, tokenizer, j.batch_size,
                  f'{config.model.preset}, LoRA off')
     from agent_tunix import models  # pylint: disable=g-import-not-at-top
-    from agent_tunix.tpu import sharding  # pylint: disable=g-import-not-at-top
     judge_config = config.copy_and_resolve_references()
     judge_config.model.preset = j.preset
     judge_config.model.source = j.source or config.model.source
@@ -142,9 +145,23 @@ class GemmaBackend:
     return ids[-MAX_PROMPT_TOKENS:]  # Keeps the question's end and 'Answer:'.
 
   def item_probabilities(self, pairs):
-    """P(met) of each (task, item text) pair."""
-    encoded = [self._encode(item_prompt(t, text)) for t, text in pairs]
-    ids = jnp.asarray(self._yes + self._no, jnp.int32)
+    """P(met) of each (task, item text) pair.
+
+    On several processes each brings its own pairs (their numbers may
+    differ); every process encodes all of them (`gather_uneven_texts`), so
+    all run the same batches on the same replicated inputs, and each keeps
+    its own pairs' results. Every process must call this as often as the
+    others (the train loop and the evaluation do: once per scored batch).
+    """
+    everyone, own = sharding.gather_uneven_texts(
+        [item_prompt(t, text) for t, text in pairs])
+    return self._probabilities([self._encode(p) for p in everyone])[own]
+
+  def _probabilities(self, encoded):
+    """P(met) of each encoded prompt, `judge.batch_size` at a time."""
+    ids = np.asarray(self._yes + self._no, np.int32)
+    if self._replicated is not None:
+      ids = jax.device_put(ids, self._replicated)
     n_yes = len(self._yes)
     out = np.zeros([len(encoded)], np.float64)
     for start in range(0, len(encoded), self._batch_size):
@@ -157,9 +174,13 @@ class GemmaBackend:
         mask[i, length - len(row):] = True
       for i in range(len(rows), self._batch_size):  # Fixed batch shape.
         tokens[i], mask[i] = tokens[0], mask[0]
-      logps = np.asarray(self._program(
-          self._state, tokens, mask, ids, use_lora=self._use_lora),
-          np.float64)[:len(rows)]
+      if self._replicated is not None:  # Global arrays, the same everywhere.
+        tokens, mask = jax.device_put((tokens, mask), self._replicated)
+      logps = self._program(self._state, tokens, mask, ids,
+                            use_lora=self._use_lora)
+      if self.collective:  # A global array: its whole value, here.
+        logps = multihost_utils.process_allgather(logps, tiled=True)
+      logps = np.asarray(logps, np.float64)[:len(rows)]
       yes = np.logaddexp.reduce(logps[:, :n_yes], axis=1)
       no = np.logaddexp.reduce(logps[:, n_yes:], axis=1)
       out[start:start + len(rows)] = 1.0 / (1.0 + np.exp(no - yes))
@@ -169,7 +190,8 @@ class GemmaBackend:
     """One Verdict per task (explicit aggregation over item probabilities)."""
     start = time.perf_counter()
     pairs = [(t, item['text']) for t in tasks for item in t['items']]
-    probabilities = self.item_probabilities(pairs) if pairs else []
+    probabilities = (self.item_probabilities(pairs)
+                     if pairs or self.collective else [])
     elapsed = (time.perf_counter() - start) / max(len(tasks), 1)
     out, offset = [], 0
     for task in tasks:

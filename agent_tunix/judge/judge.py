@@ -19,11 +19,14 @@ import os
 import time
 
 from absl import logging
+import jax
 import numpy as np
 
+from agent_tunix.data import rubrics
 from agent_tunix.judge import prompts
 from agent_tunix.judge import verdicts as verdicts_lib
 from agent_tunix.rewards import blame
+from agent_tunix.tpu import sharding
 
 BACKENDS = ('http', 'gemma')
 CACHES = ('none', 'memory', 'disk')
@@ -137,7 +140,11 @@ class Judge:
     for i in todo:
       first.setdefault(keys[i], i)
     unique = list(first.values())
-    answers = self.backend.judge([tasks[i] for i in unique]) if unique else []
+    # A collective backend (the Gemma judge on several processes) is called
+    # on every process each time, with or without work of its own.
+    answers = (self.backend.judge([tasks[i] for i in unique])
+               if unique or getattr(self.backend, 'collective', False)
+               else [])
     by_key = {}
     for i, verdict in zip(unique, answers):
       by_key[keys[i]] = verdict
@@ -250,28 +257,49 @@ class Judge:
         'met': collections.Counter()}
 
   def take_metrics(self):
-    """judge/* scalars since the last call (then starts counting anew)."""
+    """judge/* scalars since the last call (then starts counting anew).
+
+    Counts and pass rates are over every process's calls (a collective on
+    several processes: every process calls this as often as the others);
+    wall time and latencies are this process's.
+    """
     m = self._metrics
     http_sent = 0
     if hasattr(self.backend, 'take_http_requests'):
       http_sent = self.backend.take_http_requests()
-    out = {
-        'judge/requests': float(m['requests']),
-        'judge/retries': float(m['retries'] + max(
-            0, http_sent - m['requests'] - m['retries'])),
-        'judge/cache_hit_rate': (m['cache_hits'] / m['completions']
-                                 if m['completions'] else 0.0),
-        'judge/wall_s': m['wall_s'],
-        'judge/truncated': float(m['truncated']),
-        'judge/failed': float(sum(m['failed'].values())),
+    counts = {
+        'requests': m['requests'],
+        'retries': m['retries'] + max(
+            0, http_sent - m['requests'] - m['retries']),
+        'cache_hits': m['cache_hits'],
+        'completions': m['completions'],
+        'truncated': m['truncated'],
     }
     for kind in verdicts_lib.FAILURE_KINDS:
-      out[f'judge/failed/{kind}'] = float(m['failed'][kind])
+      counts[f'failed/{kind}'] = m['failed'][kind]
+    for name in _PASS_RATE_NAMES:
+      counts[f'items/{name}'] = m['items'][name]
+      counts[f'met/{name}'] = m['met'][name]
+    counts = _summed_over_processes(counts)
+    out = {
+        'judge/requests': counts['requests'],
+        'judge/retries': counts['retries'],
+        'judge/cache_hit_rate': (counts['cache_hits'] / counts['completions']
+                                 if counts['completions'] else 0.0),
+        'judge/wall_s': m['wall_s'],
+        'judge/truncated': counts['truncated'],
+        'judge/failed': float(sum(counts[f'failed/{kind}']
+                                  for kind in verdicts_lib.FAILURE_KINDS)),
+    }
+    for kind in verdicts_lib.FAILURE_KINDS:
+      out[f'judge/failed/{kind}'] = counts[f'failed/{kind}']
     if m['latencies']:
       out['judge/latency_s/p50'] = float(np.percentile(m['latencies'], 50))
       out['judge/latency_s/p95'] = float(np.percentile(m['latencies'], 95))
-    for name, count in m['items'].items():
-      out[f'judge/pass_rate/{name}'] = m['met'][name] / count
+    for name in _PASS_RATE_NAMES:
+      if counts[f'items/{name}']:
+        out[f'judge/pass_rate/{name}'] = (counts[f'met/{name}']
+                                          / counts[f'items/{name}'])
     self._reset_metrics()
     return out
 
@@ -279,6 +307,21 @@ class Judge:
     close = getattr(self.backend, 'close', None)
     if close:
       close()
+
+
+# Item categories counted for judge/pass_rate/* (rubrics' own, then the
+# rest and all items).
+_PASS_RATE_NAMES = tuple(c for c in rubrics.CATEGORIES if c) + (
+    'uncategorised', 'overall')
+
+
+def _summed_over_processes(counts):
+  """{name: float} of `counts` summed over every process (a collective)."""
+  names = sorted(counts)
+  values = np.asarray([[counts[n] for n in names]], np.float64)
+  if jax.process_count() > 1:
+    values = sharding.allgather_concat(values)
+  return {n: float(v) for n, v in zip(names, values.sum(axis=0))}
 
 
 def _template(judge_config):

@@ -27,6 +27,7 @@ k` questions (at least one) per call, also padded.
 import json
 
 from absl import logging
+import jax
 import numpy as np
 
 from agent_tunix.data import pipeline
@@ -35,6 +36,7 @@ from agent_tunix.rewards import format as format_lib
 from agent_tunix.rewards import math as math_lib
 from agent_tunix.rl import episode_stats
 from agent_tunix.rl import episodes as episodes_lib
+from agent_tunix.tpu import sharding
 
 
 def is_correct(completion, answer):
@@ -123,11 +125,22 @@ def tool_scores(episodes):
 def rubric_scores(judge, examples, texts):
   """eval/rubric_score of greedy completions of rubric rows, with its
   standard error and 95% interval (failed calls masked are left out and
-  counted as rubric_failed)."""
+  counted as rubric_failed).
+
+  Every process holds every row's completion; on several processes each
+  judges the rows p, p + P, ... and the scores are gathered, so no row is
+  judged twice.
+  """
+  count, index = jax.process_count(), jax.process_index()
   tasks = [judge.task(e['question'], e.get('reference', ''), text,
                       json.loads(e['rubric']))
-           for e, text in zip(examples, texts)]
+           for e, text in list(zip(examples, texts))[index::count]]
   scores = judge.score(tasks)
+  if count > 1:  # Process p's row j is row j * P + p (gather_rows' order).
+    rows = -(-len(examples) // count)
+    padded = np.full([rows], np.nan, np.float32)
+    padded[:len(scores)] = scores
+    scores = sharding.gather_rows(padded)[:len(examples)]
   scored = scores[np.isfinite(scores)].astype(np.float64)
   mean = float(scored.mean()) if scored.size else float('nan')
   stderr = (float(scored.std(ddof=1) / np.sqrt(scored.size))

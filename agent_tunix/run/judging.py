@@ -10,9 +10,11 @@
 import json
 
 from absl import logging
+import jax
 import numpy as np
 
 from agent_tunix.judge import judge as judge_lib
+from agent_tunix.tpu import sharding
 
 
 def build(config, workdir, model, tokenizer):
@@ -84,12 +86,16 @@ def annotate(session, texts):
 
 
 def step_scalars(session, step_seconds):
-  """judge/* scalars of this process's step (empty without a judge)."""
+  """judge/* scalars of the step (empty without a judge): counts over every
+  process (a collective), wall time and latencies this process's."""
   judge = getattr(session, 'judge', None)
   if judge is None:
     return {}
   scalars = judge.take_metrics()
-  scalars['judge/masked_groups'] = float(session.judge_masked_groups)
+  masked = np.array([session.judge_masked_groups], np.float64)
+  if jax.process_count() > 1:  # Every process's groups.
+    masked = sharding.allgather_concat(masked)
+  scalars['judge/masked_groups'] = float(masked.sum())
   session.judge_masked_groups = 0
   if step_seconds > 0:
     scalars['judge/time_share'] = scalars['judge/wall_s'] / step_seconds

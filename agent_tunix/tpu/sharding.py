@@ -239,6 +239,28 @@ def gather_texts(local):
   return [bytes(row[:n]).decode('utf-8') for row, n in zip(data, lengths)]
 
 
+def gather_uneven_texts(local):
+  """Every process's list of strings, whatever their lengths, in process order.
+
+  Returns:
+    (texts, own): the lists of processes 0, 1, ... concatenated (the same on
+    every process) and the slice of it that is this process's `local`.
+  """
+  if jax.process_count() == 1:
+    return list(local), slice(0, len(local))
+  count = jax.process_count()
+  counts = allgather_concat(np.array([len(local)], np.int64))
+  most = int(counts.max())
+  start = int(counts[:jax.process_index()].sum())
+  if most == 0:
+    return [], slice(0, 0)
+  every = gather_texts(list(local) + [''] * (most - len(local)))
+  # gather_texts interleaves: process p's row j is row j * count + p.
+  texts = [every[j * count + p]
+           for p in range(count) for j in range(int(counts[p]))]
+  return texts, slice(start, start + len(local))
+
+
 def own_rows(num_rows, group=1):
   """Indices of this process's rows in a `gather_rows` batch.
 
