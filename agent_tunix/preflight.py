@@ -61,6 +61,10 @@ are one micro-batch's times the number of micro-batches; the log-prob
 chunks inside are still counted once, so the bounds stay below the work.
 The byte count includes the compiler's copies between HBM and on-chip
 memory, so the byte term can be longer than HBM traffic alone takes.
+For a mixture-of-experts preset the report adds what routing costs per
+token and layer, counted from the config (`gemma4.moe_costs`): the
+router's FLOPs against the routed experts' (and their LoRA's with
+model.lora_experts), and the activations the dispatch copies.
 
 Programs are compiled in the order above, in a child process (one model
 build for all of them), and the preflight stops at the first that does not
@@ -103,6 +107,7 @@ from agent_tunix.config import validation
 from agent_tunix.judge import gemma_backend
 from agent_tunix.judge import judge as judge_lib
 from agent_tunix.models import gemma
+from agent_tunix.models import gemma4 as gemma4_lib
 from agent_tunix.models import lora
 from agent_tunix.rl import episodes
 from agent_tunix.rl import grpo
@@ -969,6 +974,9 @@ def report(config, spec, programs, usable, devices_per_chip=1,
           'usable_hbm_bytes': usable,
       },
       'programs': rows,
+      'moe': gemma4_lib.moe_costs(
+          gemma.model_config(config.model),
+          config.model.lora_rank if config.model.get('lora_experts') else 0),
       'skipped': list(skipped),
       'largest_program': max(rows, key=lambda r: r['total_bytes'])['name'],
       'largest_total_bytes': max(r['total_bytes'] for r in rows),
@@ -1026,6 +1034,19 @@ def format_report(result):
       f"Step time lower bound: {result['step_time_bound_s']:.3f} s "
       '(a bound from flops and bytes, not a measurement)'
   )
+  moe = result.get('moe')
+  if moe:
+    lines.append(
+        f"MoE: {moe['moe_layers']} layers, top {moe['top_k']} of "
+        f"{moe['num_experts']} experts, {moe['routing']}. Per token and "
+        f"layer (counted from the config): router "
+        f"{moe['router_flops'] / 1e6:.2f} MFLOP = "
+        f"{100 * moe['router_share']:.2f}% of the routed experts' "
+        f"{moe['expert_flops'] / 1e6:.1f}"
+        + (f" (+{moe['expert_lora_flops'] / 1e6:.2f} for their LoRA)"
+           if moe['expert_lora_flops'] else '')
+        + f"; the dispatch copies {moe['dispatch_elements']} activations "
+        '(k x D to the experts and back).')
   for r in result['programs']:
     if r.get('function') == EPISODE_DECODE:
       agent = result['config']

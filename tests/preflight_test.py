@@ -454,3 +454,26 @@ def test_tiny_gemma4_programs_compile():
   for p in programs.values():
     assert p['fits'] and p['argument_bytes'] > 0 and p['flops'] > 0, p
   assert result['fits'] and result['config']['preset'] == 'tiny_gemma4'
+  assert result['moe'] is None  # Dense.
+
+
+def test_moe_routing_cost_is_in_the_report():
+  from agent_tunix.models import gemma4  # pylint: disable=g-import-not-at-top
+  from configs import tiny_gemma4  # pylint: disable=g-import-not-at-top
+  config = tiny_gemma4.get_config(
+      'model.preset=tiny_gemma4_moe,training.batch_size=4,'
+      'training.micro_batch_size=2')
+  config.model.lora_experts = True
+  result = preflight.run(config, 'v5e:2x2', programs=('reference_logps',))
+  moe = result['moe']
+  # tiny_gemma4_moe: D 32, 4 experts of H 16, top 2; LoRA rank 4.
+  assert moe['router_flops'] == 2 * 32 * 4
+  assert moe['expert_flops'] == 6 * 32 * 16 * 2
+  assert moe['expert_lora_flops'] == 2 * 2 * 4 * (2 * 32 + 3 * 16)
+  assert moe['dispatch_elements'] == 2 * 2 * 32
+  assert moe == gemma4.moe_costs(
+      gemma4.model_config('tiny_gemma4_moe', None), 4)
+  text = preflight.format_report(result)
+  assert ('MoE: 3 layers, top 2 of 4 experts, exact top-k (jax.lax.top_k), '
+          'dropless (ragged dot). Per token and layer') in text
+  assert '4.17% of the routed experts' in text

@@ -414,6 +414,35 @@ def _unshard_unit_dims(model):
       var.set_metadata('out_sharding', fixed)
 
 
+def moe_costs(cfg, lora_rank=0):
+  """Per token and MoE layer: what routing costs beside the experts' work.
+
+  Counted from the config (not measured): the router's matmul
+  (2 D E FLOPs), the top-k experts' gated FFN (6 D H k: gate/up [D, 2H]
+  and down [H, D] for each of the k), their LoRA factors when adapted
+  (`lora_rank` > 0: 2 k r (2D + 3H)), and the activations the dropless
+  dispatch copies (each token's D values to its k experts and back:
+  2 k D elements). None for a dense config.
+  """
+  if not getattr(cfg, 'enable_moe', False):
+    return None
+  d, e, h, k = (cfg.embed_dim, cfg.num_experts, cfg.expert_dim,
+                cfg.num_experts_per_tok)
+  router = 2 * d * e
+  experts = 6 * d * h * k
+  return {
+      'moe_layers': cfg.num_layers,  # Every Gemma 4 MoE layer has experts.
+      'num_experts': e,
+      'top_k': k,
+      'routing': 'exact top-k (jax.lax.top_k), dropless (ragged dot)',
+      'router_flops': router,
+      'expert_flops': experts,
+      'expert_lora_flops': 2 * k * lora_rank * (2 * d + 3 * h),
+      'router_share': router / experts,
+      'dispatch_elements': 2 * k * d,
+  }
+
+
 def router_stats(model, tokens, input_mask):
   """[MoE layers, experts] int32: real tokens routed to each expert.
 
