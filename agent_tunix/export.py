@@ -238,7 +238,8 @@ def restore_lora(model, config, workdir, step=None):
   except checkpoint.RestoreError as e:
     raise ExportError(
         f'{e}\nIf the run was trained with other config overrides (e.g. '
-        'model.lora_rank, model.lora_module_path, model.preset), pass the '
+        'model.lora_rank, model.lora_module_path, model.lora_experts, '
+        'model.preset), pass the '
         'same ones here: the LoRA shapes must match.'
     ) from e
 
