@@ -1040,10 +1040,10 @@ def format_report(result):
         f"MoE: {moe['moe_layers']} layers, top {moe['top_k']} of "
         f"{moe['num_experts']} experts, {moe['routing']}. Per token and "
         f"layer (counted from the config): router "
-        f"{moe['router_flops'] / 1e6:.2f} MFLOP = "
+        f"{moe['router_flops'] / 1e6:.3g} MFLOP = "
         f"{100 * moe['router_share']:.2f}% of the routed experts' "
-        f"{moe['expert_flops'] / 1e6:.1f}"
-        + (f" (+{moe['expert_lora_flops'] / 1e6:.2f} for their LoRA)"
+        f"{moe['expert_flops'] / 1e6:.3g} MFLOP"
+        + (f" (+{moe['expert_lora_flops'] / 1e6:.3g} for their LoRA)"
            if moe['expert_lora_flops'] else '')
         + f"; the dispatch copies {moe['dispatch_elements']} activations "
         '(k x D to the experts and back).')
