@@ -190,8 +190,8 @@ class GemmaBackend:
     """One Verdict per task (explicit aggregation over item probabilities)."""
     start = time.perf_counter()
     pairs = [(t, item['text']) for t in tasks for item in t['items']]
-    probabilities = (self.item_probabilities(pairs)
-                     if pairs or self.collective else [])
+    # Also with no pairs: on several processes the call is a collective.
+    probabilities = self.item_probabilities(pairs)
     elapsed = (time.perf_counter() - start) / max(len(tasks), 1)
     out, offset = [], 0
     for task in tasks:

@@ -19,7 +19,6 @@ import os
 import time
 
 from absl import logging
-import jax
 import numpy as np
 
 from agent_tunix.data import rubrics
@@ -318,10 +317,8 @@ _PASS_RATE_NAMES = tuple(c for c in rubrics.CATEGORIES if c) + (
 def _summed_over_processes(counts):
   """{name: float} of `counts` summed over every process (a collective)."""
   names = sorted(counts)
-  values = np.asarray([[counts[n] for n in names]], np.float64)
-  if jax.process_count() > 1:
-    values = sharding.allgather_concat(values)
-  return {n: float(v) for n, v in zip(names, values.sum(axis=0))}
+  summed = sharding.sum_over_processes([counts[n] for n in names])
+  return {n: float(v) for n, v in zip(names, summed)}
 
 
 def _template(judge_config):

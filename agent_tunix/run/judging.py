@@ -10,7 +10,6 @@
 import json
 
 from absl import logging
-import jax
 import numpy as np
 
 from agent_tunix.judge import judge as judge_lib
@@ -92,10 +91,8 @@ def step_scalars(session, step_seconds):
   if judge is None:
     return {}
   scalars = judge.take_metrics()
-  masked = np.array([session.judge_masked_groups], np.float64)
-  if jax.process_count() > 1:  # Every process's groups.
-    masked = sharding.allgather_concat(masked)
-  scalars['judge/masked_groups'] = float(masked.sum())
+  scalars['judge/masked_groups'] = float(  # Every process's groups.
+      sharding.sum_over_processes([session.judge_masked_groups])[0])
   session.judge_masked_groups = 0
   if step_seconds > 0:
     scalars['judge/time_share'] = scalars['judge/wall_s'] / step_seconds

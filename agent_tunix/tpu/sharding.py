@@ -276,6 +276,14 @@ def own_rows(num_rows, group=1):
   return (prompts[:, None] * group + np.arange(group)[None, :]).reshape(-1)
 
 
+def sum_over_processes(values):
+  """[n] numbers summed elementwise over every process (a collective)."""
+  values = np.asarray(values, np.float64)
+  if jax.process_count() == 1:
+    return values
+  return allgather_concat(values[None]).sum(axis=0)
+
+
 def allgather_concat(tree):
   """Concatenates every process's [n, ...] numpy leaves (process order)."""
   if jax.process_count() == 1:
