@@ -176,15 +176,25 @@ CHAT_TEMPLATE = (
 )
 
 # Gemma 4's turns (data/prompts.chat_prompt with a Gemma 4 preset): the
-# system message has its own turn.
+# system message has its own turn, `enable_thinking` opens it with
+# <|think|> and a newline, texts are stripped, and with thinking off the
+# model turn opens with an empty thought block.
 GEMMA4_CHAT_TEMPLATE = (
     "{{ bos_token }}"
-    "{%- for message in messages -%}"
+    "{%- set think = enable_thinking is defined and enable_thinking -%}"
+    "{%- set system = messages and messages[0]['role'] == 'system' -%}"
+    "{%- if think or system -%}"
+    "{{ '<|turn>system\n' + ('<|think|>\n' if think else '')"
+    " + (messages[0]['content'] | trim if system else '') + '<turn|>\n' }}"
+    "{%- endif -%}"
+    "{%- for message in (messages[1:] if system else messages) -%}"
     "{%- set role = 'model' if message['role'] == 'assistant' "
     "else message['role'] -%}"
-    "{{ '<|turn>' + role + '\n' + message['content'] + '<turn|>\n' }}"
+    "{{ '<|turn>' + role + '\n' + message['content'] | trim + '<turn|>\n' }}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<|turn>model\n' }}{%- endif -%}"
+    "{%- if add_generation_prompt -%}{{ '<|turn>model\n' }}"
+    "{%- if not think -%}{{ '<|channel>thought\n<channel|>' }}{%- endif -%}"
+    "{%- endif -%}"
 )
 
 

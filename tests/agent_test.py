@@ -713,6 +713,45 @@ def test_gemma4_parse_render_and_instructions():
       'required:[<|"|>expression<|"|>],type:<|"|>OBJECT<|"|>}}<tool|>')
 
 
+def _multiply(count: int, price: float, label: str = 'total') -> str:
+  """Multiplies a count by a price.
+
+  Args:
+    count: How many.
+    price: Price of one.
+  """
+  return f'{label}: {count * price}'
+
+
+def test_gemma4_writes_keys_as_its_chat_template_does():
+  """Parameters and arguments sorted, an empty description or required
+  list left out: the strings Gemma 4's chat template renders for the same
+  declaration and call (checked by tests/side/gemma4_vocab_check.py)."""
+  tool = tools_lib.from_callable(_multiply, name='multiply')
+  assert GEMMA4.instructions([tool]) == (
+      '<|tool>declaration:multiply{description:<|"|>Multiplies a count by a '
+      'price.<|"|>,parameters:{properties:{count:{description:<|"|>How '
+      'many.<|"|>,type:<|"|>INTEGER<|"|>},label:{type:<|"|>STRING<|"|>},'
+      'price:{description:<|"|>Price of one.<|"|>,type:<|"|>NUMBER<|"|>}},'
+      'required:[<|"|>count<|"|>,<|"|>price<|"|>],type:<|"|>OBJECT<|"|>}}'
+      '<tool|>')
+  optional = tools_lib.Tool(
+      name='f', description='D.', fn=lambda x=1: x, parameters=(
+          tools_lib.Parameter(name='x', type=int, required=False,
+                              description=''),))
+  assert GEMMA4.instructions([optional]) == (
+      '<|tool>declaration:f{description:<|"|>D.<|"|>,parameters:{properties:'
+      '{x:{type:<|"|>INTEGER<|"|>}},type:<|"|>OBJECT<|"|>}}<tool|>')
+  call = formats.Call('multiply', {'price': 0.5, 'count': 7, 'label': 'x'})
+  assert GEMMA4.render_calls([call]) == (
+      '<|tool_call>call:multiply{count:7,label:<|"|>x<|"|>,price:0.5}'
+      '<tool_call|>')
+  # FunctionGemma keeps the declared order and writes every field.
+  assert formats.get('functiongemma').instructions([optional]).endswith(
+      '{x:{description:<escape><escape>,type:<escape>INTEGER<escape>}},'
+      'required:[],type:<escape>OBJECT<escape>}}<end_function_declaration>')
+
+
 def test_environment_with_gemma4(make_env):
   env = make_env(fmt=GEMMA4)
   assert env.ends_turn(_G4_CALL) == '<|tool_response>'

@@ -80,16 +80,21 @@ def test_gemma4_tool_prompts_use_its_turns_and_tool_tokens():
   config.agent.tools, config.agent.format = 'calculator', 'gemma4'
   question = 'A van carries 312 crates of 24 cans. How many cans?'
   prompt = prompts.format_prompt(question, config)
-  # A system turn with the system prompt and the declarations, then the
-  # question; nothing of Gemma 3's turns.
-  assert prompt.startswith('<|turn>system\n' + config.data.system_prompt)
-  assert '<|tool>declaration:calculator{description:<|"|>' in prompt
+  # A system turn with the system prompt and, right after it, the
+  # declarations; then the question, and the model turn opens with an empty
+  # thought block (thinking off), as Gemma 4's chat template writes it
+  # (tests/side/gemma4_vocab_check.py); nothing of Gemma 3's turns.
+  assert prompt.startswith('<|turn>system\n' + config.data.system_prompt
+                           + '<|tool>declaration:calculator{description:<|"|>')
   assert prompt.endswith(
-      f'<tool|><turn|>\n<|turn>user\n{question}<turn|>\n<|turn>model\n')
+      f'<tool|><turn|>\n<|turn>user\n{question}<turn|>\n<|turn>model\n'
+      '<|channel>thought\n<channel|>')
   assert '<start_of_turn>' not in prompt and '<end_of_turn>' not in prompt
   config.data.thinking = True
-  assert prompts.format_prompt(question, config).startswith(
-      '<|turn>system\n<|think|>' + config.data.system_prompt)
+  thinking = prompts.format_prompt(question, config)
+  assert thinking.startswith(
+      '<|turn>system\n<|think|>\n' + config.data.system_prompt)
+  assert thinking.endswith(f'{question}<turn|>\n<|turn>model\n')
   # 'plain' (pretrained): the worked episodes in Gemma 4's tokens.
   config.data.template, config.data.thinking = 'plain', False
   prompt = prompts.format_prompt(question, config)

@@ -305,9 +305,78 @@ def test_a_tokenizer_json_becomes_a_bpe_gguf_vocabulary(tmp_path):
   assert kind['<|tool_call>'] == gguf.TokenType.USER_DEFINED
   assert kind['a'] == kind['abc'] == gguf.TokenType.NORMAL
   assert int(fields['tokenizer.ggml.bos_token_id'].parts[-1][0]) == 2
-  # Reading it back as the tokenizer asks for the tokenizer.json.
-  with pytest.raises(ValueError, match='tokenizer_path'):
-    tokenizer_lib.read_gguf_vocab(path)
+  back = tokenizer_lib.read_gguf_vocab(path)
+  assert (back.model, back.merges, back.tokens) == (
+      'gemma4', gguf_vocab.merges, gguf_vocab.tokens)
+
+
+def _gemma_tokenizer_json(path):
+  """A small tokenizer.json made as Gemma's are: spaces become U+2581
+  before the merges, byte fallback to <0xNN>, control and tool pieces as
+  added tokens; merges that span spaces and newlines."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  from tokenizers import decoders, normalizers, pre_tokenizers  # pylint: disable=g-import-not-at-top,g-multiple-import
+  control = ['<pad>', '<eos>', '<bos>', '<unk>', '<mask>', '<|turn>',
+             '<turn|>', '<|think|>']
+  tool_pieces = ['<|tool_call>', '<tool_call|>', '<|"|>']
+  vocab = {p: i for i, p in enumerate(control + tool_pieces)}
+  for b in range(256):
+    vocab[f'<0x{b:02X}>'] = len(vocab)
+  for ch in 'abcdefghijklmnopqrstuvwxyz0123456789+=?.\n\u2581':
+    vocab[ch] = len(vocab)
+  merges = [('\u2581', 'a'), ('\u2581a', 'b'), ('\n', '\n'), ('\u2581', '\u2581'),
+            ('c', 'a'), ('ca', 't'), ('\u2581', 'cat')]
+  for a, b in merges:
+    vocab[a + b] = len(vocab)
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE(
+      vocab=vocab, merges=merges, unk_token='<unk>', fuse_unk=True,
+      byte_fallback=True))
+  tok.normalizer = normalizers.Replace(' ', '\u2581')
+  tok.pre_tokenizer = pre_tokenizers.Split(' ', 'merged_with_previous')
+  tok.decoder = decoders.Sequence([
+      decoders.Replace('\u2581', ' '), decoders.ByteFallback(),
+      decoders.Fuse()])
+  tok.add_special_tokens(control)
+  tok.add_tokens(tool_pieces)
+  tok.save(path)
+
+
+def test_a_gemma4_gguf_vocabulary_becomes_its_tokenizer_again(tmp_path):
+  """tokenizer.json -> GGUF 'gemma4' vocabulary -> tokenizer: the same ids
+  and text back, the same special ids, the same vocabulary when exported
+  again. (The same rebuild gives Hugging Face's ids for llama.cpp's real
+  Gemma 4 vocabulary: tests/side/gemma4_vocab_check.py.)"""
+  import types  # pylint: disable=g-import-not-at-top
+  from agent_tunix.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  json_path = str(tmp_path / 'tokenizer.json')
+  _gemma_tokenizer_json(json_path)
+  original = tokenizer_lib.JsonTokenizer(json_path)
+  vocab = original.gguf_vocab()
+  path = str(tmp_path / 'vocab.gguf')
+  export.write_gguf_file(path, types.SimpleNamespace(
+      num_embed=len(vocab.tokens)), [], vocab, arch='gemma4',
+                         hparams=lambda writer: None)
+  config = tiny_gemma4.get_config()
+  config.model.source, config.model.path = 'gguf', path
+  rebuilt = gemma.load_tokenizer(config.model)
+  assert isinstance(rebuilt, tokenizer_lib.JsonTokenizer)
+  texts = ['a cat', ' ab  cat\n\n\nab', 'Äpfel 7+5=?', '',
+           '<|turn>user\ncat<turn|>\n<|turn>model\n<|think|>',
+           '<|tool_call>call:f{x:<|"|>a b<|"|>}<tool_call|>', '   \t ']
+  for text in texts:
+    ids = original.encode(text)
+    assert rebuilt.encode(text) == ids, text
+    assert rebuilt.decode(ids) == text
+  # One id each for the merged words, the turn and tool pieces; bytes for
+  # what the vocabulary lacks.
+  assert rebuilt.encode(' cat') == [original.piece_to_id('\u2581cat')]
+  assert rebuilt.encode('<|"|>') == [original.piece_to_id('<|"|>')]
+  assert [rebuilt.id_to_piece(i) for i in rebuilt.encode('\t')] == ['<0x09>']
+  assert [getattr(rebuilt, f'{k}_id')() for k in ('pad', 'eos', 'bos', 'unk')
+          ] == [0, 1, 2, 3]
+  again = rebuilt.gguf_vocab()
+  assert again.tokens == vocab.tokens and again.merges == vocab.merges
+  np.testing.assert_array_equal(again.token_types, vocab.token_types)
 
 
 def test_tiny_moe_trains_two_steps_and_logs_expert_load(tmp_path):

@@ -299,17 +299,54 @@ def test_moe_router_statistics():
 def test_gemma4_chat_prompt_and_thinking():
   config = _config()
   config.data.system_prompt = 'Be brief.'
+  # As Gemma 4's chat template renders these messages
+  # (tests/side/gemma4_vocab_check.py): thinking off opens the model turn
+  # with an empty thought block; thinking on puts <|think|> and a newline
+  # in the system turn, which it writes even with no system prompt.
   text = prompts.format_prompt('2 + 2?', config)
   assert text == ('<|turn>system\nBe brief.<turn|>\n'
-                  '<|turn>user\n2 + 2?<turn|>\n<|turn>model\n')
+                  '<|turn>user\n2 + 2?<turn|>\n<|turn>model\n'
+                  '<|channel>thought\n<channel|>')
   config.data.thinking = True
-  assert prompts.format_prompt('2 + 2?', config).startswith(
-      '<|turn>system\n<|think|>Be brief.<turn|>')
+  assert prompts.format_prompt('2 + 2?', config) == (
+      '<|turn>system\n<|think|>\nBe brief.<turn|>\n'
+      '<|turn>user\n2 + 2?<turn|>\n<|turn>model\n')
+  config.data.system_prompt = ''
+  assert prompts.format_prompt(' 2 + 2? ', config) == (
+      '<|turn>system\n<|think|>\n<turn|>\n'
+      '<|turn>user\n2 + 2?<turn|>\n<|turn>model\n')
+  config.data.thinking = False
+  assert prompts.format_prompt('2 + 2?', config) == (
+      '<|turn>user\n2 + 2?<turn|>\n<|turn>model\n'
+      '<|channel>thought\n<channel|>')
+  config.data.thinking = True
   done = '<|channel>thought\nadd them<channel|><answer>4</answer>'
   assert prompts.scored_texts([done, '<|channel>thought cut'], config) == [
       '<answer>4</answer>', '']
   config.rewards.see_thoughts = True
   assert prompts.scored_texts([done], config) == [done]
+
+
+def test_exported_chat_template_renders_the_training_prompts():
+  """The chat template a merged Gemma 4 export writes renders exactly the
+  prompts we train on, thinking on and off, with and without a system
+  prompt (Hugging Face renders templates with trim_blocks/lstrip_blocks)."""
+  import jinja2  # pylint: disable=g-import-not-at-top
+  from agent_tunix import export  # pylint: disable=g-import-not-at-top
+  template = jinja2.Environment(
+      trim_blocks=True, lstrip_blocks=True).from_string(
+          export.GEMMA4_CHAT_TEMPLATE)
+  config = _config()
+  for thinking in (False, True):
+    for system in ('', ' Be brief. '):
+      config.data.system_prompt, config.data.thinking = system, thinking
+      messages = [{'role': 'system', 'content': system}] if system else []
+      rendered = template.render(
+          messages=messages + [{'role': 'user', 'content': 'What is 2 + 3?'}],
+          add_generation_prompt=True, bos_token='<bos>',
+          enable_thinking=thinking)
+      assert rendered == '<bos>' + prompts.format_prompt('What is 2 + 3?',
+                                                         config)
 
 
 def test_presets_and_refusals():

@@ -163,6 +163,8 @@ class ToolFormat(abc.ABC):
     turn_end: What ends a model turn (a final answer).
     system_role: The turn role that carries `instructions`: 'user' means
       the first user turn (Gemma 3 has no system role).
+    instructions_joiner: What joins the system prompt and `instructions`
+      in that turn.
   """
 
   name: str = ''
@@ -172,6 +174,7 @@ class ToolFormat(abc.ABC):
   turn_start: str = START_OF_TURN
   turn_end: str = END_OF_TURN
   system_role: str = 'user'
+  instructions_joiner: str = '\n\n'
 
   @abc.abstractmethod
   def parse(self, turn_text: str) -> list[Call] | None:
@@ -460,6 +463,10 @@ class FunctionGemmaFormat(ToolFormat):
                      DECLARATION_END, ESCAPE)
   call_end = RESPONSE_START
   system_role = 'developer'
+  # Gemma 4's chat template writes keys (parameters, arguments) sorted and
+  # leaves out an empty description or required list; FunctionGemma's
+  # layout here keeps the declared order and writes both always.
+  sorted_keys = False
 
   _TYPES = {str: 'STRING', int: 'INTEGER', float: 'NUMBER', bool: 'BOOLEAN'}
 
@@ -495,6 +502,10 @@ class FunctionGemmaFormat(ToolFormat):
         f'{self.CALL_START}call:{c.name}{self._value(c.arguments)}'
         f'{self.CALL_END}' for c in calls)
 
+  def _items(self, mapping: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    items = list(mapping.items())
+    return sorted(items, key=lambda kv: kv[0]) if self.sorted_keys else items
+
   def render_results(self, results: Sequence[HasNameAndText]) -> str:
     if not results:
       raise ValueError('render_results needs at least one result.')
@@ -512,15 +523,20 @@ class FunctionGemmaFormat(ToolFormat):
     e = self.ESCAPE
     declarations = []
     for tool in tools:
+      parameters = self._items({p.name: p for p in tool.parameters})
       properties = ','.join(
-          f'{p.name}:{{description:{e}{p.description}{e},'
-          f'type:{e}{self._TYPES[p.type]}{e}}}' for p in tool.parameters)
-      required = ','.join(f'{e}{p.name}{e}' for p in tool.parameters
+          f'{name}:{{'
+          + (f'description:{e}{p.description}{e},'
+             if p.description or not self.sorted_keys else '')
+          + f'type:{e}{self._TYPES[p.type]}{e}}}' for name, p in parameters)
+      required = ','.join(f'{e}{name}{e}' for name, p in parameters
                           if p.required)
+      required = (f'required:[{required}],'
+                  if required or not self.sorted_keys else '')
       declarations.append(
           f'{self.DECLARATION_START}declaration:{tool.name}'
           f'{{description:{e}{tool.description}{e},parameters:{{'
-          f'properties:{{{properties}}},required:[{required}],'
+          f'properties:{{{properties}}},{required}'
           f'type:{e}OBJECT{e}}}}}{self.DECLARATION_END}')
     return self.DECLARATIONS_INTRO + ''.join(declarations)
 
@@ -535,13 +551,15 @@ class FunctionGemmaFormat(ToolFormat):
       return '[' + ','.join(self._value(v) for v in value) + ']'
     if isinstance(value, Mapping):
       return '{' + ','.join(f'{k}:{self._value(v)}'
-                            for k, v in value.items()) + '}'
+                            for k, v in self._items(value)) + '}'
     return repr(value)
 
 
 class Gemma4Format(FunctionGemmaFormat):
   """Gemma 4's native tool tokens: FunctionGemma's layout with Gemma 4's
-  pieces, declarations in the system turn, `<|turn>`/`<turn|>` turns."""
+  pieces, declarations right after the system text in the system turn,
+  `<|turn>`/`<turn|>` turns, keys sorted, as Gemma 4's chat template writes
+  them (tests/side/gemma4_vocab_check.py compares the two)."""
 
   name = 'gemma4'
   CALL_START = '<|tool_call>'
@@ -560,6 +578,8 @@ class Gemma4Format(FunctionGemmaFormat):
   turn_start = GEMMA4_START_OF_TURN
   turn_end = GEMMA4_END_OF_TURN
   system_role = 'system'
+  instructions_joiner = ''
+  sorted_keys = True
 
 
 _UNFINISHED = 'unfinished call: close it with the end-of-call token'

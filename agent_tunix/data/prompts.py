@@ -18,18 +18,24 @@
   * 'auto': 'chat' when model.preset ends with '_it', else 'plain'.
 
 Gemma 4 presets (`gemma4_*`, `tiny_gemma4*`) write their own turn markers
-and give the system prompt its own turn:
+and give the system prompt its own turn, as Gemma 4's chat template does
+(tests/side/gemma4_vocab_check.py renders that template and compares):
 
       <|turn>system
       {system_prompt}<turn|>
       <|turn>user
       {question}<turn|>
       <|turn>model
+      <|channel>thought
+      <channel|>
 
-Thinking is off unless `data.thinking` is true, which puts `<|think|>` at
-the start of the system turn; the model then writes its thoughts in a
-`<|channel>thought ... <channel|>` block, which rewards do not see unless
-`rewards.see_thoughts` is true (`strip_thoughts`).
+Thinking is off unless `data.thinking` is true: with 'chat' the model turn
+then opens with an empty thought block (the last two lines above), as the
+template writes it for thinking off. `data.thinking` puts `<|think|>` and a
+newline at the start of the system turn and leaves out the empty block; the
+model then writes its thoughts in a `<|channel>thought ... <channel|>`
+block, which rewards do not see unless `rewards.see_thoughts` is true
+(`strip_thoughts`).
 
 Where a completion ends (`generation.stop_sequences='auto'`): with 'chat',
 at `<end_of_turn>` (an end token; no stop text needed); with 'plain', at
@@ -153,6 +159,10 @@ def resolve_template(config):
 
 GEMMA4_TURN = (formats.GEMMA4_START_OF_TURN, formats.GEMMA4_END_OF_TURN)
 THINK = '<|think|>'
+# What opens a Gemma 4 system turn with thinking on, and what opens its
+# model turn with thinking off (an empty thought block).
+THINK_LINE = THINK + '\n'
+NO_THOUGHTS = '<|channel>thought\n<channel|>'
 _THOUGHT = re.compile(r'<\|channel>thought.*?(?:<channel\|>|$)', re.DOTALL)
 
 
@@ -181,13 +191,20 @@ def chat_prompt(question, system_prompt, gemma4=False, thinking=False):
   """Formats one user turn and opens the model turn.
 
   Gemma 3 has no system role: the system prompt opens the user turn. Gemma
-  4 gives it a system turn, where `thinking` adds the `<|think|>` switch.
+  4 gives it a system turn, where `thinking` adds the `<|think|>` switch;
+  without it the model turn opens with an empty thought block. Gemma 4's
+  texts are stripped of surrounding whitespace, as its template does.
   """
   if gemma4:
     start, end = GEMMA4_TURN
-    system = (THINK + system_prompt) if thinking else system_prompt
-    turns = [f'{start}system\n{system}{end}\n'] if system else []
-    turns.append(f'{start}user\n{question}{end}\n{start}model\n')
+    system = system_prompt.strip()
+    turns = []
+    if system or thinking:
+      think = THINK_LINE if thinking else ''
+      turns.append(f'{start}system\n{think}{system}{end}\n')
+    turns.append(f'{start}user\n{question.strip()}{end}\n{start}model\n')
+    if not thinking:
+      turns.append(NO_THOUGHTS)
     return ''.join(turns)
   user = f'{system_prompt}\n\n{question}' if system_prompt else question
   return f'<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n'
@@ -211,7 +228,7 @@ def _tools_and_format(spec, format_name):
 
 
 def tools_prompt(question, system_prompt, tool_format, tools, few_shot,
-                 thinking=False):
+                 thinking=False, no_thoughts=False):
   """Chat turns for a tool-using episode, ending where the model begins.
 
   The turn markers are the format's (Gemma 3's, or Gemma 4's for 'gemma4').
@@ -224,6 +241,7 @@ def tools_prompt(question, system_prompt, tool_format, tools, few_shot,
     few_shot: add `TOOL_FEW_SHOT_EXAMPLES` as earlier turns.
     thinking: open the system turn with Gemma 4's `<|think|>` (a format
       with a system role only).
+    no_thoughts: open the model turn with Gemma 4's empty thought block.
   """
   if few_shot:
     # The worked episodes show the answer format, so the system prompt and
@@ -231,12 +249,12 @@ def tools_prompt(question, system_prompt, tool_format, tools, few_shot,
     # 270M preset's prompts then fit 424 tokens (see TOOL_FEW_SHOT_EXAMPLES).
     intro = few_shot_tool_instructions(tools)
   else:
-    intro = '\n\n'.join(
+    intro = tool_format.instructions_joiner.join(
         p for p in (system_prompt, tool_format.instructions(tools)) if p)
   start, end = tool_format.turn_start, tool_format.turn_end
   turns = []
   if tool_format.system_role != 'user':
-    think = THINK if thinking else ''
+    think = THINK_LINE if thinking else ''
     turns.append(f'{start}{tool_format.system_role}\n{think}{intro}{end}\n')
     intro = ''
   questions = []
@@ -251,6 +269,8 @@ def tools_prompt(question, system_prompt, tool_format, tools, few_shot,
     turns.append(f'{start}user\n{user}{end}\n{start}model\n')
     if model_side is not None:
       turns.append(f'{model_side}{end}\n')
+  if no_thoughts:
+    turns.append(NO_THOUGHTS)
   return ''.join(turns)
 
 
@@ -269,8 +289,13 @@ def format_prompt(question, config):
                                            config.agent.format)
     few_shot = template == 'plain' and any(
         t.name == 'calculator' for t in tools)
+    # Gemma 4's chat template opens the model turn with an empty thought
+    # block when thinking is off; the pretrained few-shot prompt does not.
+    no_thoughts = (template == 'chat' and not config.data.thinking
+                   and tool_format.turn_start == formats.GEMMA4_START_OF_TURN)
     return tools_prompt(question, system_prompt, tool_format, tools,
-                        few_shot, thinking=config.data.thinking)
+                        few_shot, thinking=config.data.thinking,
+                        no_thoughts=no_thoughts)
   if template == 'chat':
     return chat_prompt(question, system_prompt,
                        gemma4=is_gemma4_preset(config.model.preset),

@@ -1,4 +1,4 @@
-"""SentencePiece tokenizers for Gemma 3, including one rebuilt from a GGUF.
+"""Gemma tokenizers: SentencePiece (Gemma 3) and BPE (Gemma 4), also from a GGUF.
 
 A GGUF file made by llama.cpp from a Gemma checkpoint keeps the whole
 SentencePiece vocabulary (pieces, scores and piece types) in its metadata but
@@ -32,6 +32,18 @@ Building the proto for the 262k-piece vocabulary takes a few seconds, so
 file's `tokenizer.*` metadata. The metadata is read by a small parser here
 rather than `gguf.GGUFReader`, which takes tens of seconds on this vocabulary
 because it builds numpy views for every one of its strings.
+
+Gemma 4 ships a Hugging Face `tokenizer.json` (a BPE model), read by the
+`tokenizers` library (`JsonTokenizer`). A Gemma 4 GGUF (tokenizer.ggml.model
+'gemma4') keeps its pieces, merges and token types but not the rest of that
+file, which is the same for every Gemma: spaces become U+2581 before the
+merges, no splitting into words, byte fallback to `<0xNN>` pieces, and a
+decoder that undoes both. `JsonTokenizer.from_gguf_vocab` rebuilds it from
+those; control pieces become special added tokens and user-defined ones
+(the tool and thought-channel pieces) plain added tokens, so both are
+matched as one id in text. Checked against llama.cpp's Gemma 4 vocabulary
+file and the ids Hugging Face's tokenizer gives its test texts
+(tests/side/gemma4_vocab_check.py; docs/gemma4.md has the result).
 """
 
 import hashlib
@@ -119,17 +131,12 @@ def read_gguf_vocab(path):
           hasher.update(buf[start:parser.offset])
 
   model = meta.get('tokenizer.ggml.model')
-  if model == 'gemma4':
-    raise ValueError(
-        f"{path!r} holds Gemma 4's BPE vocabulary (tokenizer.ggml.model "
-        "'gemma4'), which is read from its tokenizer.json: set "
-        "config.model.tokenizer_path to the model's tokenizer.json."
-    )
-  if model != _EXPECTED_TOKENIZER_MODEL:
+  if model not in (_EXPECTED_TOKENIZER_MODEL, 'gemma4'):
     raise ValueError(
         f'{path!r}: tokenizer.ggml.model is {model!r}, expected '
-        f'{_EXPECTED_TOKENIZER_MODEL!r} (a SentencePiece vocabulary, as in '
-        'Gemma GGUF files). Point config.model.path at a Gemma 3 GGUF.'
+        f"{_EXPECTED_TOKENIZER_MODEL!r} (Gemma 3's SentencePiece vocabulary) "
+        "or 'gemma4' (Gemma 4's BPE). Point config.model.path at a Gemma "
+        'GGUF.'
     )
   tokens = meta.get('tokenizer.ggml.tokens')
   if not tokens:
@@ -138,6 +145,16 @@ def read_gguf_vocab(path):
         f'{"an empty one" if tokens is not None else "none"}. The file has '
         'no vocabulary; set config.model.tokenizer_path to a tokenizer.model.'
     )
+  merges = ()
+  if model == 'gemma4':
+    merges = tuple(meta.get('tokenizer.ggml.merges') or ())
+    if not merges:
+      raise ValueError(
+          f"{path!r}: a 'gemma4' (BPE) vocabulary needs "
+          'tokenizer.ggml.merges, and the file has none; set '
+          "config.model.tokenizer_path to the model's tokenizer.json.")
+    if 'tokenizer.ggml.scores' not in meta:  # BPE files may leave them out.
+      meta['tokenizer.ggml.scores'] = np.full(len(tokens), -1000.0)
   arrays = {}
   for name in ('scores', 'token_type'):
     key = f'tokenizer.ggml.{name}'
@@ -167,6 +184,8 @@ def read_gguf_vocab(path):
       token_types=arrays['token_type'].astype(np.int32),
       special_ids=special_ids,
       digest=hasher.hexdigest(),
+      model=model,
+      merges=merges,
   )
 
 
@@ -240,7 +259,12 @@ def sentencepiece_proto_from_gguf(path):
     FileNotFoundError: `path` does not exist.
     ValueError: the file has no usable SentencePiece vocabulary.
   """
-  return _build_proto(read_gguf_vocab(path), path)
+  vocab = read_gguf_vocab(path)
+  if vocab.model != _EXPECTED_TOKENIZER_MODEL:
+    raise ValueError(
+        f"{path!r} holds a {vocab.model!r} (BPE) vocabulary, not "
+        'SentencePiece; load it with load_gguf_tokenizer.')
+  return _build_proto(vocab, path)
 
 
 def _write_atomically(path, data):
@@ -261,26 +285,33 @@ def _write_atomically(path, data):
 
 
 def load_gguf_tokenizer(gguf_path, cache_dir=''):
-  """Loads the tokenizer of a Gemma GGUF file, via an on-disk cache.
+  """Loads the tokenizer of a Gemma GGUF file.
 
-  The cached model file is named after a hash of the GGUF's `tokenizer.*`
-  metadata, so a changed vocabulary gets a new file and copies of one GGUF
-  share one. It is written to a temporary file and renamed into place, so
-  processes loading in parallel never read a partial file.
+  Gemma 3's SentencePiece model goes through an on-disk cache: the cached
+  model file is named after a hash of the GGUF's `tokenizer.*` metadata, so
+  a changed vocabulary gets a new file and copies of one GGUF share one. It
+  is written to a temporary file and renamed into place, so processes
+  loading in parallel never read a partial file. Gemma 4's BPE vocabulary is
+  rebuilt in memory (about a second for 262k pieces and 515k merges).
 
   Args:
-    gguf_path: a GGUF file with a SentencePiece ('llama') vocabulary.
+    gguf_path: a GGUF file with a SentencePiece ('llama') or Gemma 4 BPE
+      ('gemma4') vocabulary.
     cache_dir: where the rebuilt `.model` file is kept; '' means
       ~/.cache/agent_tunix (config.model.cache_dir).
 
   Returns:
-    A `spm.SentencePieceProcessor`.
+    A `spm.SentencePieceProcessor`, or a `JsonTokenizer` for 'gemma4'.
 
   Raises:
     FileNotFoundError: `gguf_path` does not exist.
-    ValueError: the file has no usable SentencePiece vocabulary.
+    ValueError: the file has no usable vocabulary.
   """
   vocab = read_gguf_vocab(gguf_path)
+  if vocab.model == 'gemma4':
+    logging.info('Building the Gemma 4 BPE tokenizer of %s (%d pieces, %d '
+                 'merges)', gguf_path, len(vocab.tokens), len(vocab.merges))
+    return JsonTokenizer.from_gguf_vocab(vocab, gguf_path)
   cache_dir = os.path.expanduser(cache_dir or _DEFAULT_CACHE_DIR)
   os.makedirs(cache_dir, exist_ok=True)
   cached = os.path.join(cache_dir, f'gguf-spm-{vocab.digest[:24]}.model')
@@ -366,10 +397,12 @@ class JsonTokenizer:
 
   SPECIAL = {'pad': '<pad>', 'eos': '<eos>', 'bos': '<bos>', 'unk': '<unk>'}
 
-  def __init__(self, path):
+  def __init__(self, path, tokenizer=None):
+    """Reads the tokenizer.json at `path` (or takes `tokenizer`, a
+    `tokenizers.Tokenizer` read from `path` some other way)."""
     import tokenizers  # pylint: disable=g-import-not-at-top
     self.path = path
-    self._tok = tokenizers.Tokenizer.from_file(path)
+    self._tok = tokenizer or tokenizers.Tokenizer.from_file(path)
     self._ids = {}
     for role, piece in self.SPECIAL.items():
       token = self._tok.token_to_id(piece)
@@ -379,6 +412,38 @@ class JsonTokenizer:
             'tokenizer.json.')
       self._ids[role] = -1 if token is None else token
     self._hidden = {self._ids[r] for r in ('pad', 'bos', 'eos')}
+
+  @classmethod
+  def from_gguf_vocab(cls, vocab, path):
+    """Gemma's BPE tokenizer rebuilt from a 'gemma4' `GGUFVocab` (see the
+    module docstring); `path` names the file in messages."""
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    from tokenizers import decoders, normalizers, pre_tokenizers  # pylint: disable=g-import-not-at-top,g-multiple-import
+    merges = []
+    for merge in vocab.merges:
+      cut = merge.find(' ', 1)  # As llama.cpp splits them.
+      if cut < 0:
+        raise ValueError(f'{path!r}: BPE merge {merge!r} has no space.')
+      merges.append((merge[:cut], merge[cut + 1:]))
+    pieces = {piece: i for i, piece in enumerate(vocab.tokens)}
+    if len(pieces) != len(vocab.tokens):
+      raise ValueError(f'{path!r}: the vocabulary repeats a piece.')
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(
+        vocab=pieces, merges=merges, unk_token=cls.SPECIAL['unk'],
+        fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Replace(' ', '\u2581')
+    tok.pre_tokenizer = pre_tokenizers.Split(
+        pattern=' ', behavior='merged_with_previous')
+    tok.decoder = decoders.Sequence([
+        decoders.Replace('\u2581', ' '), decoders.ByteFallback(),
+        decoders.Fuse()])
+    types = vocab.token_types.tolist()
+    tok.add_tokens([
+        tokenizers.AddedToken(piece, special=kind == _Piece.CONTROL,
+                              normalized=False)
+        for piece, kind in zip(vocab.tokens, types)
+        if kind in (_Piece.CONTROL, _Piece.USER_DEFINED)])
+    return cls(path, tok)
 
   def encode(self, text, **unused):
     return list(self._tok.encode(text, add_special_tokens=False).ids)
