@@ -33,8 +33,9 @@ import os
 from configs import base
 from configs import gemma3_270m
 
-_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))), 'data', 'rubrics', '{split}.jsonl')
+_RUBRICS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))), 'data', 'rubrics')
+_DATA = os.path.join(_RUBRICS, '{split}.jsonl')
 
 
 def get_config(arg=None):
@@ -52,6 +53,8 @@ def get_config(arg=None):
   config.rewards.functions = 'rubric_judge=1,format_exact=0.05'
   config.judge.backend = 'gemma'
   config.judge.batch_size = 16
+  # Response and criterion only (docstring): the 270M ranks answers with it.
+  config.judge.prompt_file = os.path.join(_RUBRICS, 'judge_item_prompt.txt')
   # The 270M fails the canary (docstring): this preset measures what GRPO
   # does against that judge, so it skips the check (and logs that it did).
   config.judge.canary = False

@@ -78,3 +78,14 @@ def check(config, names, require):
           'be between 0 and 1.')
   require(not j.prompt_file or os.path.isfile(j.prompt_file),
           f'config.judge.prompt_file={j.prompt_file!r}: no such file.')
+  if j.prompt_file and j.backend == 'gemma':
+    with open(j.prompt_file, encoding='utf-8') as f:
+      text = f.read()
+    missing = [field for field in ('{response}', '{criterion}')
+               if field not in text]
+    require(not missing,
+            f'config.judge.prompt_file={j.prompt_file!r} lacks '
+            f"{' and '.join(missing)}: judge.backend='gemma' asks about one "
+            'item at a time, so its prompt names {response} and {criterion} '
+            "(and may name {question} and {reference}), and ends where the "
+            "judge's yes or no comes next.")

@@ -7,9 +7,10 @@ No text is generated and no second cluster is needed: for every
   Does the response meet the criterion? Answer yes or no.
   Answer:
 
-and the item's probability of being met is P(yes) / (P(yes) + P(no)) of
-the next token (' yes', ' Yes' against ' no', ' No'), read from one
-forward pass. Pairs go through the model `judge.batch_size` at a time,
+(or `judge.prompt_file`'s, with {question}, {reference}, {response} and
+{criterion}) and the item's probability of being met is P(yes) / (P(yes) +
+P(no)) of the next token (' yes', ' Yes' against ' no', ' No'), read from
+one forward pass. Pairs go through the model `judge.batch_size` at a time,
 left-padded to a power-of-two length (at least 64), so a run compiles one
 program per length bucket. The score is explicit's with the
 probabilities in place of verdicts, S = sum(w * p) / sum(positive w),
@@ -44,15 +45,20 @@ _MIN_BUCKET = 64
 MAX_PROMPT_TOKENS = 2048
 
 
-def item_prompt(task, item_text):
-  """The prompt asking whether one item holds (ends where 'yes' goes)."""
-  reference = task['reference'] or 'none'
-  return (f'Question: {task["question"]}\n'
-          f'Reference answer: {reference}\n'
-          f'Response: {task["response"]}\n'
-          f'Criterion: {item_text}\n'
-          'Does the response meet the criterion? Answer yes or no.\n'
-          'Answer:')
+_ITEM_PROMPT = ('Question: {question}\n'
+                'Reference answer: {reference}\n'
+                'Response: {response}\n'
+                'Criterion: {criterion}\n'
+                'Does the response meet the criterion? Answer yes or no.\n'
+                'Answer:')
+
+
+def item_prompt(task, item_text, template=None):
+  """The prompt asking whether one item holds (ends where 'yes' goes):
+  `template` (judge.prompt_file's text) or the built-in one."""
+  return prompts.fill(template or _ITEM_PROMPT, dict(
+      question=task['question'], reference=task['reference'] or 'none',
+      response=task['response'], criterion=item_text))
 
 
 def _answer_logps(graphdefs, state, tokens, mask, ids, use_lora):
@@ -102,8 +108,11 @@ class GemmaBackend:
   canary_hint = ('use a larger judge (judge.preset, judge.source, '
                  'judge.path) or judge.backend=http')
 
-  def __init__(self, model, tokenizer, batch_size, name, use_lora=False):
+  def __init__(self, model, tokenizer, batch_size, name, use_lora=False,
+               template=None):
     self._tokenizer = tokenizer
+    # A file's final newline would come between 'Answer:' and ' yes'.
+    self._template = template.rstrip('\n') if template else None
     self._batch_size = int(batch_size)
     self._use_lora = use_lora
     self.where = f'the in-process Gemma judge ({name})'
@@ -123,12 +132,13 @@ class GemmaBackend:
         if self.collective and mesh is not None else None)
 
   @classmethod
-  def from_config(cls, config, model, tokenizer):
-    """The policy's base weights (judge.preset '') or the judge's own."""
+  def from_config(cls, config, model, tokenizer, template=None):
+    """The policy's base weights (judge.preset '') or the judge's own;
+    `template` is judge.prompt_file's text (None: the built-in prompt)."""
     j = config.judge
     if not j.preset:
       return cls(model, tokenizer, j.batch_size,
-                 f'{config.model.preset}, LoRA off')
+                 f'{config.model.preset}, LoRA off', template=template)
     from agent_tunix import models  # pylint: disable=g-import-not-at-top
     judge_config = config.copy_and_resolve_references()
     judge_config.model.preset = j.preset
@@ -137,7 +147,8 @@ class GemmaBackend:
     judge_config.model.lora_rank = 0
     judge_model, judge_tokenizer = models.build(
         judge_config, sharding.model_mesh(model))
-    return cls(judge_model, judge_tokenizer, j.batch_size, j.preset)
+    return cls(judge_model, judge_tokenizer, j.batch_size, j.preset,
+               template=template)
 
   def _encode(self, text):
     ids = [self._tokenizer.bos_id()] + [
@@ -154,7 +165,7 @@ class GemmaBackend:
     others (the train loop and the evaluation do: once per scored batch).
     """
     everyone, own = sharding.gather_uneven_texts(
-        [item_prompt(t, text) for t, text in pairs])
+        [item_prompt(t, text, self._template) for t, text in pairs])
     return self._probabilities([self._encode(p) for p in everyone])[own]
 
   def _probabilities(self, encoded):

@@ -344,7 +344,8 @@ def from_config(config, workdir=None, model=None, tokenizer=None):
     backend = openai_backend.OpenAIBackend(c, template)
   else:
     from agent_tunix.judge import gemma_backend  # pylint: disable=g-import-not-at-top
-    backend = gemma_backend.GemmaBackend.from_config(config, model, tokenizer)
+    backend = gemma_backend.GemmaBackend.from_config(config, model, tokenizer,
+                                                     template)
   cache_path = os.path.join(workdir, CACHE_FILE) if workdir else None
   return Judge(c, backend, cache_path, template)
 

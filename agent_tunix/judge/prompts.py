@@ -62,17 +62,18 @@ def messages(task, aggregation, template=None):
                 response=task['response'],
                 criteria=rubrics.rubric_text(task['items']))
   if template is not None:
-    return [{'role': 'user', 'content': _fill(template, fields)}]
+    return [{'role': 'user', 'content': fill(template, fields)}]
   system = _EXPLICIT_SYSTEM if aggregation == 'explicit' else _IMPLICIT_SYSTEM
   return [{'role': 'system', 'content': system},
-          {'role': 'user', 'content': _fill(_USER, fields)}]
+          {'role': 'user', 'content': fill(_USER, fields)}]
 
 
-def _fill(template, fields):
-  """`template` with its {name} fields replaced (other braces kept: a
-  prompt file may show JSON)."""
-  return re.sub(r'\{(question|reference|response|criteria)\}',
-                lambda m: fields[m.group(1)], template)
+def fill(template, fields):
+  """`template` with its {name} fields (the keys of `fields`) replaced;
+  other braces are kept: a prompt file may show JSON."""
+  names = '|'.join(re.escape(name) for name in fields)
+  return re.sub(r'\{(' + names + r')\}', lambda m: fields[m.group(1)],
+                template)
 
 
 def _json_object(reply):
