@@ -40,8 +40,8 @@ def get_config(arg=None):
   # 'kaggle', a checkpoint directory for 'orbax'.
   config.model.path = ''
   # SentencePiece tokenizer.model for 'kaggle'/'orbax' (and 'hf' when the
-  # directory has none), or a tokenizer.json (Gemma 4; needed for a Gemma 4
-  # GGUF with its BPE vocabulary); '' means look next to the weights.
+  # directory has none), or a tokenizer.json (Gemma 4); '' means look next
+  # to the weights (a GGUF's own vocabulary, Gemma 3's or Gemma 4's).
   config.model.tokenizer_path = ''
   # Where the SentencePiece model rebuilt from a GGUF vocabulary and the
   # dequantized GGUF weights are cached; '' means ~/.cache/agent_tunix.
@@ -184,8 +184,11 @@ def get_config(arg=None):
   config.judge.temperature = 0.0
   # http: most tokens a judge reply may have.
   config.judge.max_tokens = 512
-  # A file with the judge's instructions ('' = the built-in prompt); it may
-  # use {question}, {reference}, {response} and {criteria}.
+  # A file with the judge's prompt ('' = the built-in one). http: the
+  # instructions, which may use {question}, {reference}, {response} and
+  # {criteria}. gemma: the prompt asking about one item, with {response}
+  # and {criterion} (also {question}, {reference}), ending where the
+  # judge's yes or no comes next (a final newline is dropped).
   config.judge.prompt_file = ''
   # Cache of verdicts by content hash: 'none', 'memory', or 'disk' (also
   # kept in the workdir as judge_cache.jsonl: reused on resume and by

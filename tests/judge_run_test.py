@@ -126,6 +126,41 @@ def test_gemma_judge_reads_yes_no_probabilities_from_the_tiny_model():
   assert metrics['judge/requests'] == 2 and 'judge/pass_rate/overall' in metrics
 
 
+def test_gemma_judge_asks_with_the_prompt_file(tmp_path):
+  """judge.prompt_file is the per-item prompt: its fields filled, its final
+  newline dropped (so ' yes' follows 'Answer:'), and the probabilities are
+  those of that prompt."""
+  from agent_tunix import models  # pylint: disable=g-import-not-at-top
+  from agent_tunix.judge import gemma_backend  # pylint: disable=g-import-not-at-top
+  from agent_tunix.judge import judge as judge_lib  # pylint: disable=g-import-not-at-top
+  from agent_tunix.tpu import sharding  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  config = tiny.get_config()
+  model, tokenizer = models.build(config, sharding.make_mesh(config.mesh))
+  path = tmp_path / 'item.txt'
+  path.write_text('Q {question} R {reference}\nResponse: {response}\n'
+                  'Criterion: {criterion} {"json": true}\nAnswer:\n')
+  config.judge.backend, config.judge.prompt_file = 'gemma', str(path)
+  judge = judge_lib.from_config(config, None, model, tokenizer)
+  task = {'question': 'Capital?', 'reference': '', 'response': 'Paris.',
+          'items': [{'text': "Mentions 'paris'.", 'weight': 1.0,
+                     'category': ''}]}
+  backend = judge.backend
+  expected = ('Q Capital? R none\nResponse: Paris.\n'
+              "Criterion: Mentions 'paris'. {\"json\": true}\nAnswer:")
+  assert gemma_backend.item_prompt(
+      task, "Mentions 'paris'.", backend._template) == expected  # pylint: disable=protected-access
+  built_in = gemma_backend.GemmaBackend(model, tokenizer, 4, 'tiny')
+  direct = built_in._probabilities(  # pylint: disable=protected-access
+      [[tokenizer.bos_id()] + list(tokenizer.encode(expected))])
+  np.testing.assert_allclose(
+      backend.item_probabilities([(task, "Mentions 'paris'.")]), direct,
+      atol=1e-6)
+  assert abs(direct[0] - built_in.item_probabilities(
+      [(task, "Mentions 'paris'.")])[0]) > 1e-6  # The prompt mattered.
+  judge.close()
+
+
 def test_notebook_api_with_rubric_rows(tmp_path):
   """The original Colab pipeline's shape: a config with rubric data (the
   rubric in the prompt), train, evaluate, export, ask."""

@@ -483,6 +483,24 @@ def test_config_refuses_mismatched_rows_rewards_and_judges(fields, message):
     validation.validate(config, num_devices=1)
 
 
+def test_a_gemma_judge_prompt_file_must_ask_about_one_item(tmp_path):
+  from agent_tunix.config import validation  # pylint: disable=g-import-not-at-top
+  config = _rubric_data_config()
+  config.rewards.functions = 'rubric_judge=1'
+  config.judge.backend = 'gemma'
+  path = tmp_path / 'prompt.txt'
+  path.write_text('{question}\n{response}\nThe criteria:\n{criteria}\n')
+  config.judge.prompt_file = str(path)
+  with pytest.raises(validation.ConfigError,
+                     match=r'lacks \{criterion\}: .*one item at a time'):
+    validation.validate(config, num_devices=1)
+  path.write_text('{response}\n{criterion}\nAnswer:')
+  validation.validate(config, num_devices=1)
+  config.judge.prompt_file = str(tmp_path / 'missing.txt')
+  with pytest.raises(validation.ConfigError, match='no such file'):
+    validation.validate(config, num_devices=1)
+
+
 def test_a_run_without_the_canary_says_so(caplog):
   """judging.build skips the canary only when told, and logs that it did."""
   from agent_tunix.run import judging  # pylint: disable=g-import-not-at-top
