@@ -377,6 +377,14 @@ def test_a_gemma4_gguf_vocabulary_becomes_its_tokenizer_again(tmp_path):
   again = rebuilt.gguf_vocab()
   assert again.tokens == vocab.tokens and again.merges == vocab.merges
   np.testing.assert_array_equal(again.token_types, vocab.token_types)
+  # A 'gemma4' vocabulary without merges cannot be rebuilt: one message.
+  bare = str(tmp_path / 'bare.gguf')
+  export.write_gguf_file(bare, types.SimpleNamespace(
+      num_embed=len(vocab.tokens)), [], vocab._replace(merges=()),
+                         arch='gemma4', hparams=lambda writer: None)
+  with pytest.raises(ValueError, match="needs tokenizer.ggml.merges, and "
+                     "the file has none; set config.model.tokenizer_path"):
+    tokenizer_lib.load_gguf_tokenizer(bare)
 
 
 def test_tiny_moe_trains_two_steps_and_logs_expert_load(tmp_path):

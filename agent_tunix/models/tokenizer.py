@@ -103,12 +103,12 @@ def read_gguf_vocab(path):
 
   Raises:
     FileNotFoundError: `path` does not exist.
-    ValueError: not a GGUF file, no SentencePiece ('llama') vocabulary, or
-      inconsistent tokenizer arrays.
+    ValueError: not a GGUF file, no SentencePiece ('llama') or Gemma 4 BPE
+      ('gemma4', with merges) vocabulary, or inconsistent tokenizer arrays.
   """
   if not os.path.isfile(path):
     raise FileNotFoundError(
-        f'GGUF file not found: {path!r}. Set config.model.path to a Gemma 3 '
+        f'GGUF file not found: {path!r}. Set config.model.path to a Gemma '
         'GGUF file, or leave it empty for the packaged Gemma 3 270M.'
     )
   hasher = hashlib.sha256(f'agent_tunix-spm-{_CACHE_FORMAT}'.encode())
