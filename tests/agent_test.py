@@ -713,28 +713,36 @@ def test_gemma4_parse_render_and_instructions():
       'required:[<|"|>expression<|"|>],type:<|"|>OBJECT<|"|>}}<tool|>')
 
 
-def _multiply(count: int, price: float, label: str = 'total') -> str:
+def _multiply(price: float, count: int, Label: str = 'total') -> str:  # pylint: disable=invalid-name
   """Multiplies a count by a price.
 
   Args:
-    count: How many.
     price: Price of one.
+    count: How many.
   """
-  return f'{label}: {count * price}'
+  return f'{Label}: {count * price}'
+
+
+def _today() -> str:
+  """Today's date."""
+  return '2026-11-26'
 
 
 def test_gemma4_writes_keys_as_its_chat_template_does():
-  """Parameters and arguments sorted, an empty description or required
-  list left out: the strings Gemma 4's chat template renders for the same
-  declaration and call (checked by tests/side/gemma4_vocab_check.py)."""
+  """Parameters and arguments sorted ignoring case, the required list in
+  declared order, an empty description, required list or properties left
+  out: the strings Gemma 4's chat template renders for the same
+  declarations and call (checked by tests/side/gemma4_vocab_check.py)."""
   tool = tools_lib.from_callable(_multiply, name='multiply')
-  assert GEMMA4.instructions([tool]) == (
+  today = tools_lib.from_callable(_today, name='today')
+  assert GEMMA4.instructions([tool, today]) == (
       '<|tool>declaration:multiply{description:<|"|>Multiplies a count by a '
       'price.<|"|>,parameters:{properties:{count:{description:<|"|>How '
-      'many.<|"|>,type:<|"|>INTEGER<|"|>},label:{type:<|"|>STRING<|"|>},'
+      'many.<|"|>,type:<|"|>INTEGER<|"|>},Label:{type:<|"|>STRING<|"|>},'
       'price:{description:<|"|>Price of one.<|"|>,type:<|"|>NUMBER<|"|>}},'
-      'required:[<|"|>count<|"|>,<|"|>price<|"|>],type:<|"|>OBJECT<|"|>}}'
-      '<tool|>')
+      'required:[<|"|>price<|"|>,<|"|>count<|"|>],type:<|"|>OBJECT<|"|>}}'
+      '<tool|><|tool>declaration:today{description:<|"|>Today\'s date.<|"|>,'
+      'parameters:{type:<|"|>OBJECT<|"|>}}<tool|>')
   optional = tools_lib.Tool(
       name='f', description='D.', fn=lambda x=1: x, parameters=(
           tools_lib.Parameter(name='x', type=int, required=False,
@@ -742,14 +750,21 @@ def test_gemma4_writes_keys_as_its_chat_template_does():
   assert GEMMA4.instructions([optional]) == (
       '<|tool>declaration:f{description:<|"|>D.<|"|>,parameters:{properties:'
       '{x:{type:<|"|>INTEGER<|"|>}},type:<|"|>OBJECT<|"|>}}<tool|>')
-  call = formats.Call('multiply', {'price': 0.5, 'count': 7, 'label': 'x'})
+  call = formats.Call('multiply', {'price': 0.5, 'count': 7, 'Label': 'x'})
   assert GEMMA4.render_calls([call]) == (
-      '<|tool_call>call:multiply{count:7,label:<|"|>x<|"|>,price:0.5}'
+      '<|tool_call>call:multiply{count:7,Label:<|"|>x<|"|>,price:0.5}'
       '<tool_call|>')
   # FunctionGemma keeps the declared order and writes every field.
-  assert formats.get('functiongemma').instructions([optional]).endswith(
+  functiongemma = formats.get('functiongemma')
+  assert functiongemma.instructions([optional]).endswith(
       '{x:{description:<escape><escape>,type:<escape>INTEGER<escape>}},'
       'required:[],type:<escape>OBJECT<escape>}}<end_function_declaration>')
+  assert functiongemma.instructions([today]).endswith(
+      'parameters:{properties:{},required:[],type:<escape>OBJECT<escape>}}'
+      '<end_function_declaration>')
+  assert functiongemma.render_calls([call]) == (
+      '<start_function_call>call:multiply{price:0.5,count:7,'
+      'Label:<escape>x<escape>}<end_function_call>')
 
 
 def test_environment_with_gemma4(make_env):

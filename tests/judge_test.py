@@ -499,6 +499,15 @@ def test_a_gemma_judge_prompt_file_must_ask_about_one_item(tmp_path):
   config.judge.prompt_file = str(tmp_path / 'missing.txt')
   with pytest.raises(validation.ConfigError, match='no such file'):
     validation.validate(config, num_devices=1)
+  # The http judge reads all items at once: a gemma item prompt is refused.
+  config.judge.prompt_file = str(path)
+  config.judge.backend, config.judge.base_url = 'http', 'http://127.0.0.1:9'
+  config.judge.model = 'm'
+  with pytest.raises(validation.ConfigError,
+                     match=r'lacks \{criteria\}: .*set judge.prompt_file= '):
+    validation.validate(config, num_devices=1)
+  path.write_text('{response}\n{criteria}')
+  validation.validate(config, num_devices=1)
 
 
 def test_a_run_without_the_canary_says_so(caplog):

@@ -463,9 +463,11 @@ class FunctionGemmaFormat(ToolFormat):
                      DECLARATION_END, ESCAPE)
   call_end = RESPONSE_START
   system_role = 'developer'
-  # Gemma 4's chat template writes keys (parameters, arguments) sorted and
-  # leaves out an empty description or required list; FunctionGemma's
-  # layout here keeps the declared order and writes both always.
+  # Gemma 4's chat template writes keys (declared parameters, call
+  # arguments) sorted as Jinja's dictsort does (ignoring case), keeps the
+  # required list in declared order, and leaves out an empty description,
+  # required list or properties; FunctionGemma's layout here keeps the
+  # declared order and writes all of them always.
   sorted_keys = False
 
   _TYPES = {str: 'STRING', int: 'INTEGER', float: 'NUMBER', bool: 'BOOLEAN'}
@@ -504,7 +506,9 @@ class FunctionGemmaFormat(ToolFormat):
 
   def _items(self, mapping: Mapping[str, Any]) -> list[tuple[str, Any]]:
     items = list(mapping.items())
-    return sorted(items, key=lambda kv: kv[0]) if self.sorted_keys else items
+    if not self.sorted_keys:
+      return items
+    return sorted(items, key=lambda kv: kv[0].lower())
 
   def render_results(self, results: Sequence[HasNameAndText]) -> str:
     if not results:
@@ -529,14 +533,16 @@ class FunctionGemmaFormat(ToolFormat):
           + (f'description:{e}{p.description}{e},'
              if p.description or not self.sorted_keys else '')
           + f'type:{e}{self._TYPES[p.type]}{e}}}' for name, p in parameters)
-      required = ','.join(f'{e}{name}{e}' for name, p in parameters
+      required = ','.join(f'{e}{p.name}{e}' for p in tool.parameters
                           if p.required)
       required = (f'required:[{required}],'
                   if required or not self.sorted_keys else '')
+      properties = (f'properties:{{{properties}}},'
+                    if properties or not self.sorted_keys else '')
       declarations.append(
           f'{self.DECLARATION_START}declaration:{tool.name}'
           f'{{description:{e}{tool.description}{e},parameters:{{'
-          f'properties:{{{properties}}},{required}'
+          f'{properties}{required}'
           f'type:{e}OBJECT{e}}}}}{self.DECLARATION_END}')
     return self.DECLARATIONS_INTRO + ''.join(declarations)
 

@@ -262,6 +262,8 @@ def tools_prompt(question, system_prompt, tool_format, tools, few_shot,
       TOOL_FEW_SHOT_EXAMPLES if few_shot else ()):
     questions.append((shot_question, tool_format.example_turns(
         calls, results, format_answer(reasoning, answer))))
+  if start == formats.GEMMA4_START_OF_TURN:
+    question = question.strip()  # As Gemma 4's template does.
   questions.append((question, None))
   for text, model_side in questions:
     user = f'{intro}\n\n{text}' if intro else text

@@ -78,14 +78,22 @@ def check(config, names, require):
           'be between 0 and 1.')
   require(not j.prompt_file or os.path.isfile(j.prompt_file),
           f'config.judge.prompt_file={j.prompt_file!r}: no such file.')
-  if j.prompt_file and j.backend == 'gemma':
+  if j.prompt_file:
     with open(j.prompt_file, encoding='utf-8') as f:
       text = f.read()
-    missing = [field for field in ('{response}', '{criterion}')
-               if field not in text]
-    require(not missing,
-            f'config.judge.prompt_file={j.prompt_file!r} lacks '
-            f"{' and '.join(missing)}: judge.backend='gemma' asks about one "
-            'item at a time, so its prompt names {response} and {criterion} '
-            "(and may name {question} and {reference}), and ends where the "
-            "judge's yes or no comes next.")
+    gemma = j.backend == 'gemma'
+    items = '{criterion}' if gemma else '{criteria}'
+    missing = [field for field in ('{response}', items) if field not in text]
+    if gemma:
+      why = ("judge.backend='gemma' asks about one item at a time, so its "
+             'prompt names {response} and {criterion} (and may name '
+             "{question} and {reference}), and ends where the judge's yes or "
+             'no comes next.')
+    else:
+      why = (f"judge.backend='{j.backend}' asks about all of a completion's "
+             'items at once, so its prompt names {response} and {criteria} '
+             '(and may name {question} and {reference}); a file written for '
+             "the gemma judge asks about one {criterion}: set "
+             'judge.prompt_file= for the built-in prompt.')
+    require(not missing, f'config.judge.prompt_file={j.prompt_file!r} lacks '
+            f"{' and '.join(missing)}: {why}")

@@ -1,4 +1,4 @@
-"""Gemma tokenizers: SentencePiece (Gemma 3) and BPE (Gemma 4), also from a GGUF.
+"""Gemma tokenizers: SentencePiece (Gemma 3), BPE (Gemma 4), also from GGUF.
 
 A GGUF file made by llama.cpp from a Gemma checkpoint keeps the whole
 SentencePiece vocabulary (pieces, scores and piece types) in its metadata but
@@ -292,7 +292,7 @@ def load_gguf_tokenizer(gguf_path, cache_dir=''):
   a changed vocabulary gets a new file and copies of one GGUF share one. It
   is written to a temporary file and renamed into place, so processes
   loading in parallel never read a partial file. Gemma 4's BPE vocabulary is
-  rebuilt in memory (about a second for 262k pieces and 515k merges).
+  rebuilt in memory (a few seconds for 262k pieces and 515k merges).
 
   Args:
     gguf_path: a GGUF file with a SentencePiece ('llama') or Gemma 4 BPE
@@ -387,7 +387,10 @@ def encode_with_bos(tok, text):
 class JsonTokenizer:
   """A Hugging Face `tokenizer.json`, read by the `tokenizers` library.
 
-  Gemma 4's Hugging Face repos ship their tokenizer as tokenizer.json. This
+  Gemma 4's Hugging Face repos ship their tokenizer as tokenizer.json; a
+  Gemma 4 GGUF's vocabulary is rebuilt into the same (`from_gguf_vocab`,
+  `path` then names the GGUF; its special ids are looked up by piece, as
+  for a tokenizer.json, which gives the file's own in Gemma 4's). This
   class gives it the SentencePiece methods agent_tunix and tunix's sampler
   call (encode, decode, the special ids, piece lookups). As SentencePiece
   does with Gemma's control pieces, `decode` leaves out <pad>, <bos> and

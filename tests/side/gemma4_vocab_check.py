@@ -18,8 +18,10 @@ exit status is 1 otherwise):
    test text and decodes them back to the text;
 2. the vocabulary it exports (pieces, merges, token types) equals the file's;
 3. every control piece our Gemma 4 prompts and tool format write is one id;
-4. our Gemma 4 prompts (chat and tools, thinking on and off, a multi-tool
-   declaration) equal what the chat templates render for the same
+4. our Gemma 4 prompts (chat and tools, thinking on and off, declarations
+   of three tools: one with parameters declared out of alphabetical order,
+   a capitalised and optional undescribed one, one without parameters)
+   equal what the chat templates render for the same
    messages, and a tool episode's completion equals the template's model
    turn. Templates are rendered as Hugging Face renders them (Jinja's
    sandbox with trim_blocks and lstrip_blocks). The template inside the
@@ -111,14 +113,19 @@ environment = sandbox.ImmutableSandboxedEnvironment(
     trim_blocks=True, lstrip_blocks=True, extensions=['jinja2.ext.loopcontrols'])
 
 
-def multiply(count: int, price: float, label: str = 'total') -> str:
+def multiply(price: float, count: int, Label: str = 'total') -> str:  # pylint: disable=invalid-name
   """Multiplies a count by a price.
 
   Args:
-    count: How many.
     price: Price of one.
+    count: How many.
   """
-  return f'{label}: {count * price}'
+  return f'{Label}: {count * price}'
+
+
+def today() -> str:
+  """Today's date."""
+  return '2026-11-26'
 
 
 _SCHEMA_TYPES = {int: 'integer', float: 'number', str: 'string',
@@ -141,11 +148,12 @@ def schema(tool):
 
 gemma4 = formats.get('gemma4')
 calculator = tools_lib.resolve('calculator')
-both = calculator + (tools_lib.from_callable(multiply),)
+both = calculator + (tools_lib.from_callable(multiply),
+                     tools_lib.from_callable(today))
 system_prompt = 'Answer in <answer></answer> tags.'
 question = 'A van carries 312 crates of 24 cans. How many cans?'
 calls = [formats.Call('calculator', {'expression': '312 * 24'}),
-         formats.Call('multiply', {'price': 0.5, 'count': 7, 'label': 'x'})]
+         formats.Call('multiply', {'price': 0.5, 'count': 7, 'Label': 'x'})]
 results = ['7488', 'x: 3.5']
 answer = '<answer>7488</answer>'
 episode = (gemma4.render_calls(calls) + gemma4.call_end
@@ -166,8 +174,8 @@ for thinking in (False, True):
                   messages, None, thinking,
                   prompts.chat_prompt(question, system, gemma4=True,
                                       thinking=thinking), True))
-  for name, tools in (('calculator', calculator), ('calculator+multiply',
-                                                   both)):
+  for name, tools in (('calculator', calculator),
+                      ('calculator+multiply+today', both)):
     messages = [{'role': 'system', 'content': system_prompt},
                 {'role': 'user', 'content': question}]
     ours = prompts.tools_prompt(question, system_prompt, gemma4, tools,
