@@ -142,8 +142,7 @@ class Judge:
     # A collective backend (the Gemma judge on several processes) is called
     # on every process each time, with or without work of its own.
     answers = (self.backend.judge([tasks[i] for i in unique])
-               if unique or getattr(self.backend, 'collective', False)
-               else [])
+               if unique or self.backend.collective else [])
     by_key = {}
     for i, verdict in zip(unique, answers):
       by_key[keys[i]] = verdict

@@ -28,6 +28,8 @@ class OpenAIBackend:
   """Judges tasks through an OpenAI-compatible server."""
 
   canary_hint = 'check judge.model and the prompt (judge.prompt_file)'
+  # Each process sends its own requests: no call needs the others.
+  collective = False
 
   def __init__(self, judge_config, template=None):
     import openai  # pylint: disable=g-import-not-at-top
