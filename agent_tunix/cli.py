@@ -1,17 +1,41 @@
-"""What every command shares: absl's `app.run`, with `--help` exiting 0.
+"""What every command shares: absl's `app.run` and one set of exit statuses.
 
-absl prints the usage for --help (also -?, --helpshort, --helpfull and
---helpxml) and then exits with status 1, as if the command had failed; a
-script that checks `python -m agent_tunix.main --help` would take that for a
-broken install. `run(main)` is `app.run(main)` with that one case turned
-into status 0: help was asked for and given.
+Every command (`python -m agent_tunix.main`, `evaluate`, `generate`,
+`sweep`, `preflight`, `export`, `plot`, `bench`, ...) ends with one of:
+
+  0  OK         it did what was asked (also after `--help`);
+  1  FAILED     the run's own failure: a run that does not fit (preflight),
+                diverged, was stopped by an alarm, a judge that kept
+                failing, a full disk, a missing file; or a bug (traceback);
+  2  USAGE      bad flags or config: an unknown flag, a misspelled config
+                field, a value of the wrong type, a config that validation
+                refuses; one line, `error: ...`, with a did-you-mean where
+                there is one;
+  3  KILLED     killed or interrupted: Ctrl-C, a SIGTERM the trainer
+                checkpointed and stopped on (rerun to resume), a compile
+                the kernel killed for host memory (preflight).
+
+The launch/*.sh scripts use the same numbers (docs/tpu.md). `run(main)` is
+`app.run(main)` with absl's behaviours that break this turned around: its
+flag parser prints a traceback for a misspelled config field and exits 1;
+`app.UsageError` prints the whole usage text and exits 1; `--help` exits 1,
+as if the command had failed.
 """
 
+import re
 import sys
 
 from absl import app
+from absl import flags
+
+OK = 0
+FAILED = 1
+USAGE = 2
+KILLED = 3
 
 _HELP = frozenset(('help', '?', 'helpshort', 'helpfull', 'helpxml'))
+# ml_collections' suggestion in a KeyError/AttributeError of a config field.
+_DID_YOU_MEAN = re.compile(r'Did you mean "([^"]+)" instead of "([^"]+)"')
 
 
 def asked_for_help(argv):
@@ -24,11 +48,127 @@ def asked_for_help(argv):
   return False
 
 
-def run(main, argv=None):
-  """`app.run(main, argv)`, exiting 0 after printing help that was asked for."""
+def usage_exit(message):
+  """Prints `error: <message>` (one line) on stderr and exits USAGE."""
+  one_line = ' '.join(str(message).split())
+  sys.stderr.write(f'error: {one_line}\n')
+  sys.stderr.flush()
+  sys.exit(USAGE)
+
+
+def _overrides(argv):
+  """The `--NAME.a.b=VALUE` words of `argv` (config field overrides)."""
+  found = []
+  for arg in argv[1:]:
+    if arg == '--':
+      break
+    match = re.match(r'^--?([A-Za-z_]\w*(?:\.\w+)+)(?:=|$)', arg)
+    if match:
+      found.append((arg, match.group(1).split('.')))
+  return found
+
+
+def unknown_field_message(error, argv):
+  """One line for a KeyError/AttributeError ml_collections raised, or None.
+
+  ml_collections raises them (multi-line, with a did-you-mean) while it
+  applies an override such as `--config.traning.num_steps=5` whose path
+  names no field. Returns None when no override in `argv` names the field
+  the error is about (then it is not a misspelled field).
+  """
+  # AttributeError wraps the KeyError; a KeyError's str() is a repr.
+  while error.args and isinstance(error.args[0], BaseException):
+    error = error.args[0]
+  text = str(error.args[0]) if error.args else ''
+  name = text.splitlines()[0].strip().strip('\'"') if text else ''
+  suggestion = _DID_YOU_MEAN.search(text)
+  for arg, path in _overrides(argv):
+    if name not in path[1:]:
+      continue
+    at = path.index(name, 1)
+    parent = 'the config' if at == 1 else '.'.join(path[:at])
+    line = (f'{arg.split("=", 1)[0]}: {parent} has no field {name!r}')
+    if suggestion:
+      fixed = '.'.join(path[:at] + [suggestion.group(1)] + path[at + 1:])
+      line += f'; did you mean {suggestion.group(1)!r} (--{fixed})?'
+    return line
+  return None
+
+
+def _flag_error_line(error):
+  """One line for an absl flags.Error (its first and last lines)."""
+  lines = [l.strip() for l in str(error).splitlines() if l.strip()]
+  if not lines:
+    return type(error).__name__
+  if len(lines) == 1:
+    return lines[0]
+  # A config file whose get_config() raised: the message holds its
+  # traceback; its first line names the flag, its last the error.
+  return f'{lines[0]} {lines[-1]}'
+
+
+def _check_config_files(flag_values):
+  """Exits USAGE when a --config file could not be loaded.
+
+  ml_collections keeps a config file that failed to load (not found, or an
+  IOError inside it) as a stand-in that raises IOError on first use (of any
+  attribute): use each flag's value here, while the error can be one line.
+  """
+  for name in flag_values:
+    flag = flag_values[name]
+    if not flag.present:
+      continue
+    try:
+      hasattr(flag.value, 'lock')
+    except OSError as e:
+      last = [l.strip() for l in str(e).splitlines() if l.strip()][-1]
+      usage_exit(f'--{name}: cannot load the config file: {last}')
+
+
+def parse_flags(argv):
+  """absl's flag parsing with one-line errors and exit status USAGE.
+
+  Used as `app.run`'s `flags_parser`. `--help` still prints the usage.
+
+  Args:
+    argv: the command line, program name first.
+
+  Returns:
+    The arguments that are not flags, program name first.
+  """
   try:
-    app.run(main, argv=argv)
+    args = flags.FLAGS(argv)
+  except flags.Error as e:
+    usage_exit(_flag_error_line(e))
+  except (KeyError, AttributeError) as e:
+    line = unknown_field_message(e, argv)
+    if line is None:
+      raise
+    usage_exit(line)
+  _check_config_files(flags.FLAGS)
+  return args
+
+
+def _one_line_usage_errors(main):
+  """Wraps `main` so that an app.UsageError is one line and exit USAGE."""
+
+  def wrapped(argv):
+    try:
+      return main(argv)
+    except app.UsageError as e:
+      usage_exit(f'{e} (--help lists the flags)')
+
+  return wrapped
+
+
+def run(main, argv=None):
+  """`app.run(main, argv)` with the exit statuses of the module docstring."""
+  try:
+    app.run(_one_line_usage_errors(main), argv=argv, flags_parser=parse_flags)
   except SystemExit as e:
     if e.code == 1 and asked_for_help(sys.argv if argv is None else argv):
-      sys.exit(0)
+      sys.exit(OK)
     raise
+  except KeyboardInterrupt:
+    sys.stderr.write('error: interrupted (Ctrl-C)\n')
+    sys.exit(KILLED)

@@ -5,7 +5,9 @@ r"""Trains a Gemma 3 policy with GRPO and LoRA.
 Any config field can be overridden, e.g. --config.grpo.num_generations=8.
 Rerunning the same command resumes from the latest checkpoint in --workdir.
 A run stopped by an alarm (--config.training.stop_on_alarm=true) saves a
-checkpoint, names the alarm and exits with status 1.
+checkpoint, names the alarm and exits with status 1; one stopped by SIGTERM
+or Ctrl-C saves a checkpoint and exits with status 3 (the exit statuses of
+every command: agent_tunix/cli.py).
 """
 
 import json
@@ -81,6 +83,12 @@ def main(argv):
         {'step': result['step'], 'eval': result['eval'],
          'preempted': result['preempted'],
          'alarms': result['alarms']}) + '\n')
+  if result['preempted'] and not result['alarms']:
+    sys.stderr.write(
+        f'stopped after step {result["step"]} by a signal (SIGTERM or '
+        'Ctrl-C), with a checkpoint of that step in --workdir; rerun the '
+        'same command to go on.\n')
+    sys.exit(cli.KILLED)
   if result['alarms']:
     # Exit status 1 and one line, so that scripts see the run did not finish.
     sys.exit(

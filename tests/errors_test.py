@@ -28,13 +28,13 @@ def test_user_error_is_one_line_and_traceback_on_request(tmp_path):
   args = (f'--workdir={tmp_path / "run"}',
           '--config.optimizer.learning_rate=inf')
   out = _main(*args)
-  assert out.returncode == 1
+  assert out.returncode == 2  # A config error (agent_tunix/cli.py).
   assert 'Traceback' not in out.stderr, out.stderr[-3000:]
   assert out.stderr.strip().splitlines()[-1] == (
       'error: config.optimizer.learning_rate=inf must be a finite number.')
   assert not (tmp_path / 'run').exists()
   out = _main(*args, '--traceback')
-  assert out.returncode == 1 and 'Traceback' in out.stderr
+  assert out.returncode != 0 and 'Traceback' in out.stderr
 
 
 def test_a_bad_data_row_is_one_line_naming_file_and_line(tmp_path):

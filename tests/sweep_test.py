@@ -273,7 +273,7 @@ def test_print_points_gives_flags_that_train_the_point(tmp_path):
 def test_cli_bad_sweep_is_one_line(tmp_path):
   out = _cli('--config=configs/tiny.py', f'--workdir={tmp_path}',
              f'--sweep={_LR}', '--config.optimizer.learning_rate=1e-5')
-  assert out.returncode == 1
+  assert out.returncode == 2
   assert out.stderr.strip().splitlines()[-1] == (
       f'error: config.optimizer.learning_rate is given both as --sweep={_LR}'
       ' and as --config.optimizer.learning_rate=1e-05; drop one of them.')

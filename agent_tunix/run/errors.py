@@ -5,8 +5,9 @@
   * a user error (a bad config, a workdir in use, a run that diverged, a
     checkpoint that cannot be restored, a missing file, a bad data row, a
     failing reward function) prints one line, `error: <message>`, on
-    stderr and exits with status 1; its traceback goes to the log at
-    verbosity 1 (`-v 1`), or is raised whole with `--traceback`;
+    stderr and exits with status 2 for a config that validation refuses
+    (`cli.USAGE`) and 1 for the rest (`cli.FAILED`); its traceback goes to
+    the log at verbosity 1 (`-v 1`), or is raised whole with `--traceback`;
   * an error caused by a full disk, whatever wrapped it (an OSError, or
     TensorStore's RESOURCE_EXHAUSTED from inside an Orbax save), logs the
     original message and ends with one line: `error: No space left on
@@ -24,6 +25,7 @@ import sys
 from absl import flags
 from absl import logging
 
+from agent_tunix import cli
 from agent_tunix import rewards
 from agent_tunix.config import validation
 from agent_tunix.data import gsm8k
@@ -100,6 +102,7 @@ def cli(main):
         shown = e
       sys.stderr.write(f'error: {shown}\n')
       sys.stderr.flush()
-      sys.exit(1)
+      config_error = full is None and isinstance(e, validation.ConfigError)
+      sys.exit(cli.USAGE if config_error else cli.FAILED)
 
   return wrapped
