@@ -4,8 +4,8 @@
 #
 # Usage:
 #   bash launch/run.sh --config=configs/gemma3_1b.py --workdir=gs://BUCKET/run \
-#     [--config.FIELD=VALUE ...] [--restart] [--grace=SECONDS] [--dry-run] \
-#     [-- MORE_TRAINER_FLAGS ...]
+#     [--config.FIELD=VALUE ...] [--restart] [--grace=SECONDS] \
+#     [--extra-files=PATH[:PATH...]] [--dry-run] [-- MORE_TRAINER_FLAGS ...]
 #
 # Needs TPU_NAME, ZONE and PROJECT (or --tpu-name=, --zone=, --project=); see
 # launch/common.sh. Run launch/setup.sh once first.
@@ -25,15 +25,33 @@
 # sent SIGTERM, given --grace seconds (default 120) to checkpoint and exit,
 # and killed.
 #
-# Before anything is copied, the preflight compiles the run's training
-# programs for ACCELERATOR_TYPE on this machine (libtpu compiles for a TPU
-# it does not have; a few minutes for a 1B model):
+# What is sent: the files git tracks, as they are in your working tree, and
+# --extra-files (EXTRA_FILES); the config file must be one of them. Before
+# anything is copied, this machine's Python (PYTHON, the local interpreter
+# with requirements.txt installed; default python3) is asked, in a second,
+# which credentials the config's weights need:
+#   (cd REPO && $PYTHON -m agent_tunix.credentials --config=... [overrides])
+# A Kaggle handle (e.g. configs/gemma3_1b.py) needs your Kaggle API key
+# (KAGGLE_USERNAME and KAGGLE_KEY, or ~/.kaggle/kaggle.json), a gated
+# Hugging Face repo (the Gemma 4 presets) HF_TOKEN (or
+# ~/.cache/huggingface/token); the offline GGUF default needs none. Each is
+# sent to every worker as a file of mode 0600 (~/.kaggle/kaggle.json,
+# ~/.cache/huggingface/token), never on a command line; a missing one is
+# refused in one line (exit 2). A misspelled config field is refused there
+# too (exit 2).
+#
+# Then the preflight compiles the run's training programs for
+# ACCELERATOR_TYPE on this machine (libtpu compiles for a TPU it does not
+# have; 6.5 to 14.5 minutes and up to 24 GB of host RAM for the presets
+# measured in docs/tpu.md):
 #   (cd REPO && $PYTHON -m agent_tunix.preflight --config=... \
 #      --topology=$ACCELERATOR_TYPE [--config.FIELD=VALUE ...])
-# and a run that does not fit the chips' HBM is not started (exit 1; the
-# preflight names the program, the bytes over and the fixes). PYTHON is the
-# local interpreter with requirements.txt installed (default python3).
-# --skip-preflight starts without it.
+# and nothing is started unless it says the run fits. run.sh says which of
+# these it was, with the exit status of agent_tunix/cli.py: 1 the run does
+# not fit the chips' HBM (the preflight names the program, the bytes over
+# and the fixes) or the preflight failed (a traceback above); 2 the config
+# or a flag is wrong; 3 a compile was killed for host memory, or the
+# preflight was interrupted. --skip-preflight starts without it.
 #
 # Flags:
 #   --config=FILE[:ARG]      config file, relative to the repository root
@@ -42,6 +60,8 @@
 #   --restart                stop a running job first
 #   --grace=SECONDS          how long --restart waits (120)
 #   --skip-preflight         start without compiling for ACCELERATOR_TYPE
+#   --extra-files=A:B        send these untracked files or folders too
+#                            (relative to the repository root; EXTRA_FILES)
 #   --dry-run                print the gcloud commands, run nothing
 #   --retries=N              attempts per gcloud step (RETRIES, 3)
 #   -- ARGS...               further trainer flags, passed through as given
@@ -60,7 +80,7 @@ overrides=()
 while (($#)); do
   arg="$1"
   shift
-  if parse_common_flag "$arg"; then
+  if parse_common_flag "$arg" || parse_copy_flag "$arg"; then
     continue
   fi
   case "$arg" in
@@ -97,10 +117,58 @@ if [[ "$workdir" != gs://* ]]; then
     "be shared or resumed after a preemption"
 fi
 config_file="${config%%:*}"
-if [[ ! -f "$REPO_DIR/$config_file" ]]; then
-  warn "config file '$config_file' not found under $REPO_DIR; the workers" \
-    "look for it under ~/agent_tunix"
+python="${PYTHON:-python3}"
+
+stage_code
+if [[ ! -f "$CODE_DIR/$config_file" ]]; then
+  if [[ -f "$REPO_DIR/$config_file" ]]; then
+    config_error "not started: $config_file is not tracked by git, so the" \
+      "workers would not get it; git add it, or pass" \
+      "--extra-files=$config_file"
+  fi
+  config_error "not started: config file '$config_file' not found under" \
+    "$REPO_DIR (--config is relative to the repository root)"
 fi
+
+# Which credentials the config's weights need ('NAME WHAT' lines).
+check=("$python" -m agent_tunix.credentials "--config=$config")
+if ((${#overrides[@]})); then
+  check+=("${overrides[@]}")
+fi
+set +e
+needs="$(cd "$REPO_DIR" && "${check[@]}")"
+check_rc=$?
+set -e
+optional=0
+if ((check_rc == 2)); then
+  config_error "not started: the config or an override is wrong (the line" \
+    "above says which); nothing was copied"
+elif ((check_rc != 0)); then
+  warn "could not ask $python which credentials the config needs (exit" \
+    "$check_rc; PYTHON names an interpreter with requirements.txt" \
+    "installed); sending the ones you have"
+  needs=$'kaggle your Kaggle key\nhuggingface your Hugging Face token'
+  optional=1
+fi
+while read -r name what; do
+  case "$name" in
+    kaggle | huggingface) ;;
+    *) continue ;;
+  esac
+  if add_credential "$name" || ((optional)); then
+    continue
+  fi
+  if [[ "$name" == kaggle ]]; then
+    config_error "not started: the weights ($what) come from Kaggle and no" \
+      "Kaggle API key was found: accept the Gemma licence on kaggle.com," \
+      "then export KAGGLE_USERNAME and KAGGLE_KEY or save your kaggle.json" \
+      "as ~/.kaggle/kaggle.json (docs/tpu.md, Your first pod run)"
+  fi
+  config_error "not started: the weights ($what) are a gated Hugging Face" \
+    "repo and HF_TOKEN is not set (nor ~/.cache/huggingface/token): accept" \
+    "the licence on huggingface.co/$what, then export HF_TOKEN=<a read" \
+    "token> (docs/tpu.md, Your first pod run)"
+done <<<"$needs"
 
 if ((!skip_preflight)); then
   if [[ -z "${ACCELERATOR_TYPE:-}" ]]; then
@@ -108,7 +176,7 @@ if ((!skip_preflight)); then
       "(--skip-preflight starts without it)"
   fi
   require_settings ACCELERATOR_TYPE
-  preflight=("${PYTHON:-python3}" -m agent_tunix.preflight "--config=$config"
+  preflight=("$python" -m agent_tunix.preflight "--config=$config"
     "--topology=$ACCELERATOR_TYPE")
   if ((${#overrides[@]})); then
     preflight+=("${overrides[@]}")
@@ -117,19 +185,44 @@ if ((!skip_preflight)); then
     echo "(cd $(quote "$REPO_DIR") && $(quote_all "${preflight[@]}"))"
   else
     info "preflight: compiling the training programs for $ACCELERATOR_TYPE" \
-      "(no TPU needed; minutes for a large model)"
+      "(no TPU needed; 6.5 to 14.5 minutes and up to 24 GB of host RAM for" \
+      "a 1B to 4B model)"
+    # Its output is shown and kept: exit status 1 is either its verdict or
+    # a crash, and only the output tells them apart.
+    preflight_log="$WORK_DIR/preflight.log"
     set +e
-    (cd "$REPO_DIR" && "${preflight[@]}")
-    preflight_rc=$?
+    (cd "$REPO_DIR" && "${preflight[@]}") 2>&1 | tee "$preflight_log"
+    preflight_rc=${PIPESTATUS[0]}
     set -e
-    if ((preflight_rc == 1)); then
-      die "not started: the run does not fit $ACCELERATOR_TYPE (the" \
-        "preflight above names what and the fixes); change the config, or" \
-        "pass --skip-preflight to start anyway"
-    elif ((preflight_rc != 0)); then
-      die "not started: the preflight failed with exit status" \
-        "$preflight_rc (see above); fix it, or pass --skip-preflight"
-    fi
+    case "$preflight_rc" in
+      0) ;;
+      1)
+        if grep -q -e '^DOES NOT FIT' -e '^preflight: .* does not fit ' \
+          "$preflight_log"; then
+          die "not started: the run does not fit $ACCELERATOR_TYPE (the" \
+            "preflight above names what and the fixes); change the config," \
+            "or pass --skip-preflight to start anyway"
+        fi
+        die "not started: the preflight failed (exit status 1, output" \
+          "above) before it could tell whether the run fits; fix that, or" \
+          "pass --skip-preflight"
+        ;;
+      2)
+        config_error "not started: the preflight refused the config or a" \
+          "flag (the line above says which); nothing was copied"
+        ;;
+      3)
+        echo "$SCRIPT: not started: the preflight was killed or" \
+          "interrupted before it could tell whether the run fits (a compile" \
+          "killed for host memory says KILLED above: run it on a machine" \
+          "with more RAM, docs/tpu.md), or pass --skip-preflight" >&2
+        exit "$KILLED_RC"
+        ;;
+      *)
+        die "not started: the preflight failed with exit status" \
+          "$preflight_rc (output above); fix it, or pass --skip-preflight"
+        ;;
+    esac
   fi
 fi
 
@@ -164,6 +257,7 @@ worker_script=(
 start_head="$(
   one_line <<EOF
 mkdir -p $REMOTE_LOGS
+$(remote_credential_modes)
 if tmux has-session -t $SESSION 2>/dev/null; then
   echo "agent_tunix already started on \$(hostname)"
 else

@@ -10,6 +10,7 @@ config overrides through every shell layer, and what the workers would do.
 import json
 import os
 import pathlib
+import re
 import shlex
 import shutil
 import subprocess
@@ -58,8 +59,10 @@ _ARGS = {
     'delete.sh': ['--yes'],
 }
 _SSH = ['compute', 'tpus', 'tpu-vm', 'ssh', 't', '--zone=z', '--project=p']
-_SCP = ['compute', 'tpus', 'tpu-vm', 'scp', '--recurse', str(_REPO),
+# The code is sent from a private temporary folder, written here as <tmp>.
+_SCP = ['compute', 'tpus', 'tpu-vm', 'scp', '--recurse', '<tmp>/agent_tunix',
         't:~/agent_tunix', '--worker=all', '--zone=z', '--project=p']
+_TMP = re.compile(r'^.*/agent_tunix_launch\.[A-Za-z0-9]+(?=/|$)')
 
 _FAKE_GCLOUD = r"""#!/bin/bash
 # Fake gcloud: appends its arguments to $FAKE_GCLOUD_LOG as a JSON array on
@@ -85,6 +88,16 @@ for arg in "$@"; do
   sep=', '
 done
 echo "$line]" >> "$FAKE_GCLOUD_LOG"
+# An scp's local sources are copied (modes kept) to $FAKE_GCLOUD_SENT/<call>/
+# as they are at the time of the call: the scripts remove them at exit.
+if [[ "$4" == scp && -n "${FAKE_GCLOUD_SENT:-}" ]]; then
+  mkdir -p "$FAKE_GCLOUD_SENT/$calls"
+  for arg in "${@:5}"; do
+    if [[ "$arg" != -* && "$arg" != *:* && -e "$arg" ]]; then
+      cp -pR "$arg" "$FAKE_GCLOUD_SENT/$calls/"
+    fi
+  done
+fi
 if ((calls < ${FAKE_GCLOUD_FAIL_FIRST:-0})) ||
   [[ ",${FAKE_GCLOUD_FAIL_CALLS:-}," == *",$calls,"* ]]; then
   echo "fake gcloud: failing call $calls" >&2
@@ -139,13 +152,18 @@ class _Result:
     self.calls = calls
 
 
-# Fake local python3 for run.sh's preflight: records its arguments and
-# working directory, exits with $FAKE_PREFLIGHT_RC (0).
+# Fake local python3 for run.sh's credential check and preflight: records
+# its arguments and working directory. `-m agent_tunix.credentials` prints
+# $FAKE_CREDENTIALS and exits with $FAKE_CREDENTIALS_RC (0); the preflight
+# prints $FAKE_PREFLIGHT_OUT (a report) and exits with $FAKE_PREFLIGHT_RC (0).
 _FAKE_LOCAL_PYTHON = """#!{python} -S
 import json, os, sys
 with open(os.environ['FAKE_PREFLIGHT_LOG'], 'a') as f:
   f.write(json.dumps({{'argv': sys.argv[1:], 'cwd': os.getcwd()}}) + '\\n')
-print('fake preflight report')
+if sys.argv[1:3] == ['-m', 'agent_tunix.credentials']:
+  sys.stdout.write(os.environ.get('FAKE_CREDENTIALS', ''))
+  sys.exit(int(os.environ.get('FAKE_CREDENTIALS_RC', '0')))
+print(os.environ.get('FAKE_PREFLIGHT_OUT', 'fake preflight report'))
 sys.exit(int(os.environ.get('FAKE_PREFLIGHT_RC', '0')))
 """
 
@@ -158,14 +176,21 @@ class _Sandbox:
     self.bin = root / 'bin'
     self.log = root / 'gcloud.jsonl'
     self.preflight_log = root / 'preflight.jsonl'
+    self.sent = root / 'sent'
+    self.tmp = root / 'tmp'
+    self.tmp.mkdir()
     _write_executable(self.bin / 'gcloud', _FAKE_GCLOUD)
     _write_executable(self.bin / 'python3',
                       _FAKE_LOCAL_PYTHON.format(python=sys.executable))
 
-  def preflight_calls(self):
+  def python_calls(self):
     if not self.preflight_log.exists():
       return []
     return [json.loads(l) for l in self.preflight_log.read_text().splitlines()]
+
+  def preflight_calls(self):
+    return [c for c in self.python_calls()
+            if c['argv'][:2] == ['-m', 'agent_tunix.preflight']]
 
   def env(self, settings=None, **extra):
     env = {
@@ -174,22 +199,29 @@ class _Sandbox:
         'LC_ALL': 'C.UTF-8',
         'FAKE_GCLOUD_LOG': str(self.log),
         'FAKE_PREFLIGHT_LOG': str(self.preflight_log),
+        'FAKE_GCLOUD_SENT': str(self.sent),
+        'TMPDIR': str(self.tmp),
         'RETRY_DELAY': '0',
     }
     env.update(_SETTINGS if settings is None else settings)
     env.update(extra)
     return env
 
-  def run(self, script, *args, settings=None, stdin='', **extra):
+  def run(self, script, *args, settings=None, stdin='', launch=_LAUNCH,
+          **extra):
     if self.log.exists():
       self.log.unlink()
+    shutil.rmtree(self.sent, ignore_errors=True)
     proc = subprocess.run(
-        ['bash', str(_LAUNCH / script), *args], input=stdin,
+        ['bash', str(launch / script), *args], input=stdin,
         capture_output=True, text=True, env=self.env(settings, **extra),
         cwd=self.root, timeout=60, check=False)
     calls = []
     if self.log.exists():
-      calls = [json.loads(l) for l in self.log.read_text().splitlines()]
+      calls = [[_TMP.sub('<tmp>', a) for a in json.loads(l)]
+               for l in self.log.read_text().splitlines()]
+    # The private temporary folder is gone, whatever happened.
+    assert not list(self.tmp.iterdir()), list(self.tmp.iterdir())
     return _Result(proc, calls)
 
 
@@ -265,7 +297,7 @@ def _split_dry_run(out):
     if word == 'gcloud':
       commands.append([])
     else:
-      commands[-1].append(word)
+      commands[-1].append(_TMP.sub('<tmp>', word))
   return commands
 
 
@@ -331,7 +363,7 @@ def test_flag_overrides_environment(sandbox):
                        '--zone=us-west4-a', '--project=proj')
   assert result.rc == 0, result.err
   assert result.calls[1] == [
-      'compute', 'tpus', 'tpu-vm', 'scp', '--recurse', str(_REPO),
+      'compute', 'tpus', 'tpu-vm', 'scp', '--recurse', '<tmp>/agent_tunix',
       'other:~/agent_tunix', '--worker=all', '--zone=us-west4-a',
       '--project=proj']
 
@@ -405,8 +437,8 @@ def test_retry_of_copy_starts_clean(sandbox):
 
 def test_refused_step_is_not_retried(sandbox):
   result = sandbox.run('run.sh', *_ARGS['run.sh'], FAKE_GCLOUD_FAIL_FIRST='1',
-                       FAKE_GCLOUD_FAIL_RC='3')
-  assert result.rc == 3
+                       FAKE_GCLOUD_FAIL_RC='4')
+  assert result.rc == 4
   assert len(result.calls) == 1
   assert 'not retrying' in result.err
 
@@ -543,18 +575,38 @@ def test_run_preflights_before_anything_is_copied(sandbox):
   assert len(result.calls) == 3
 
 
-def test_run_refuses_a_run_that_does_not_fit(sandbox):
-  result = sandbox.run('run.sh', *_ARGS['run.sh'], FAKE_PREFLIGHT_RC='1')
+@pytest.mark.parametrize('report', [
+    'program train_step\nDOES NOT FIT',
+    'preflight: gemma3_27b does not fit v5e:4x4 (16 chips): its frozen ...',
+])
+def test_run_refuses_a_run_that_does_not_fit(sandbox, report):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'], FAKE_PREFLIGHT_RC='1',
+                       FAKE_PREFLIGHT_OUT=report)
   assert result.rc == 1
   assert 'does not fit v5litepod-16' in result.err
   assert '--skip-preflight' in result.err
   assert not result.calls
 
 
-def test_run_stops_when_the_preflight_fails(sandbox):
-  result = sandbox.run('run.sh', *_ARGS['run.sh'], FAKE_PREFLIGHT_RC='2')
-  assert result.rc == 1
-  assert 'preflight failed with exit status 2' in result.err
+@pytest.mark.parametrize('rc, out, message', [
+    # A crash exits 1 too: not a verdict.
+    ('1', 'Traceback (most recent call last):\nImportError: no libtpu', 
+     'the preflight failed (exit status 1, output above) before it could '
+     'tell whether the run fits'),
+    ('2', "error: --config.traning.num_steps: the config has no field "
+     "'traning'; did you mean 'training' (--config.training.num_steps)?",
+     'the preflight refused the config or a flag'),
+    ('3', 'train_step KILLED', 'the preflight was killed or interrupted'),
+    ('7', '', 'the preflight failed with exit status 7'),
+])
+def test_run_says_truthfully_why_the_preflight_stopped_it(sandbox, rc, out,
+                                                          message):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'], FAKE_PREFLIGHT_RC=rc,
+                       FAKE_PREFLIGHT_OUT=out)
+  assert result.rc == {'1': 1, '2': 2, '3': 3, '7': 1}[rc]
+  assert message in result.err
+  assert 'does not fit' not in result.err
+  assert out in result.out  # The preflight's own output is shown.
   assert not result.calls
 
 
@@ -677,7 +729,7 @@ def test_run_copy_refuses_while_a_run_is_going(sandbox, worker):
   guard = _remote_command(result.calls[0])
   worker.session_running(True)
   proc = worker.run(guard)
-  assert proc.returncode == 3
+  assert proc.returncode == 4
   assert 'pass --restart' in proc.stderr
   assert (worker.home / 'agent_tunix').exists()
   worker.session_running(False)
@@ -705,6 +757,248 @@ def test_run_restart_stops_the_old_run(sandbox, worker):
   assert proc.returncode == 0, proc.stderr
   assert trainer.wait(timeout=10) == -15  # SIGTERM
   assert not (worker.home / 'agent_tunix').exists()
+
+
+# ----------------------------------------------- what is sent: code, keys
+
+
+def _tree(root):
+  """{relative path: apparent size} of the files under `root`."""
+  return {str(p.relative_to(root)): p.lstat().st_size
+          for p in root.rglob('*') if p.is_file() or p.is_symlink()}
+
+
+@pytest.fixture
+def checkout(tmp_path):
+  """A git checkout of this repository's tracked files (as they are now),
+  with what a user's checkout also holds: a 1 GB .venv, a 300 MB run
+  folder and an untracked note (sparse files: no disk is used)."""
+  root = tmp_path / 'checkout'
+  files = subprocess.run(['git', 'ls-files', '-z'], cwd=_REPO, check=True,
+                         capture_output=True).stdout.decode().split('\0')
+  for name in filter(None, files):
+    source = _REPO / name
+    if source.is_file():
+      (root / name).parent.mkdir(parents=True, exist_ok=True)
+      shutil.copy2(source, root / name)
+  git = ['git', '-c', 'user.name=t', '-c', 'user.email=t@t', '-c',
+         'commit.gpgsign=false']
+  for args in (['init', '-q'], ['add', '-A'], ['commit', '-q', '-m', 'c']):
+    subprocess.run(git + args, cwd=root, check=True, capture_output=True)
+  for name, size in (('.venv/lib/big.so', 1 << 30),
+                     ('runs/r1/checkpoints/big', 300 << 20)):
+    (root / name).parent.mkdir(parents=True)
+    with open(root / name, 'wb') as f:
+      f.truncate(size)
+  (root / 'notes.txt').write_text('untracked\n')
+  return root
+
+
+def test_setup_sends_only_tracked_files(sandbox, checkout):
+  (checkout / 'launch' / 'logs.sh').write_text('edited, not committed\n')
+  (checkout / 'launch' / 'delete.sh').unlink()  # Deleted, not committed.
+  result = sandbox.run('setup.sh', launch=checkout / 'launch')
+  assert result.rc == 0, result.err
+  assert result.calls[1] == _SCP
+  sent = _tree(sandbox.sent / '1' / 'agent_tunix')
+  assert sum(sent.values()) < 100 << 20
+  assert not [p for p in sent if p.startswith(('.venv', 'runs', '.git/'))]
+  assert 'notes.txt' not in sent and 'launch/delete.sh' not in sent
+  assert 'launch/setup.sh' in sent and 'requirements.txt' in sent
+  assert (sandbox.sent / '1' / 'agent_tunix' / 'launch' / 'logs.sh'
+         ).read_text() == 'edited, not committed\n'
+  (line,) = [l for l in result.err.splitlines() if 'code to send' in l]
+  assert re.search(rf'{len(sent)} files \([0-9.]+ MiB\), the files git '
+                   'tracks', line), line
+
+
+def test_extra_files_are_sent_too(sandbox, checkout):
+  (checkout / 'my_data').mkdir()
+  (checkout / 'my_data' / 'train.jsonl').write_text('{}\n')
+  result = sandbox.run('setup.sh', '--extra-files=notes.txt',
+                       launch=checkout / 'launch', EXTRA_FILES='my_data')
+  assert result.rc == 0, result.err
+  sent = _tree(sandbox.sent / '1' / 'agent_tunix')
+  assert 'notes.txt' in sent and 'my_data/train.jsonl' in sent
+  assert not [p for p in sent if p.startswith(('.venv', 'runs'))]
+
+
+@pytest.mark.parametrize('path, message', [
+    ('nope.txt', "'nope.txt' not found under"),
+    ('../x', 'leaves the repository'),
+    ('/etc/hostname', 'is outside'),
+])
+def test_bad_extra_files_exit_2(sandbox, path, message):
+  result = sandbox.run('setup.sh', f'--extra-files={path}')
+  assert result.rc == 2
+  assert message in result.err
+  assert not result.calls
+
+
+def test_run_refuses_an_untracked_config_file(sandbox, checkout):
+  (checkout / 'configs' / 'mine.py').write_text('# untracked\n')
+  args = ['--config=configs/mine.py', '--workdir=gs://b/run']
+  result = sandbox.run('run.sh', *args, launch=checkout / 'launch')
+  assert result.rc == 2
+  assert 'configs/mine.py is not tracked by git' in result.err
+  assert not result.calls and not sandbox.python_calls()
+  result = sandbox.run('run.sh', *args, '--extra-files=configs/mine.py',
+                       launch=checkout / 'launch')
+  assert result.rc == 0, result.err
+  assert 'configs/mine.py' in _tree(sandbox.sent / '1' / 'agent_tunix')
+
+
+def test_setup_apt_waits_for_the_dpkg_lock(sandbox):
+  command = _remote_command(sandbox.run('setup.sh').calls[2])
+  calls = re.findall(r'apt-get( [^;&|]*)', command)
+  assert len(calls) >= 5, command
+  for call in calls:
+    assert call.startswith(' -o DPkg::Lock::Timeout=600 '), call
+
+
+_KAGGLE_KEY = 'k3y-SECRET-4a1b'
+_HF_TOKEN = 'hf_SECRET_9z8y'
+_SECRETS = {'KAGGLE_USERNAME': 'ann', 'KAGGLE_KEY': _KAGGLE_KEY,
+            'HF_TOKEN': _HF_TOKEN}
+_BOTH = ('kaggle google/gemma-3/flax/gemma3-1b\n'
+         'huggingface google/gemma-4-E2B\n')
+
+
+def _no_secret_in(*texts):
+  for text in texts:
+    assert _KAGGLE_KEY not in text and _HF_TOKEN not in text
+
+
+def test_credentials_go_as_0600_files_never_as_arguments(sandbox, worker):
+  dry = sandbox.run('run.sh', *_ARGS['run.sh'], '--config.a=1', '--dry-run',
+                    FAKE_CREDENTIALS=_BOTH, **_SECRETS)
+  assert dry.rc == 0, dry.err
+  result = sandbox.run('run.sh', *_ARGS['run.sh'], '--config.a=1',
+                       FAKE_CREDENTIALS=_BOTH, **_SECRETS)
+  assert result.rc == 0, result.err
+  _no_secret_in(json.dumps(result.calls), result.out, result.err, dry.out,
+                dry.err, json.dumps(sandbox.python_calls()))
+  assert _split_dry_run(dry.out) == result.calls
+  kinds = [c[3] for c in result.calls]
+  assert kinds == ['ssh', 'scp', 'scp', 'scp', 'ssh']
+  assert result.calls[2] == [
+      'compute', 'tpus', 'tpu-vm', 'scp', '<tmp>/kaggle.json',
+      't:~/.kaggle/kaggle.json', '--worker=all', '--zone=z', '--project=p']
+  assert result.calls[3][4:6] == ['<tmp>/hf_token',
+                                  't:~/.cache/huggingface/token']
+  kaggle = sandbox.sent / '2' / 'kaggle.json'
+  token = sandbox.sent / '3' / 'hf_token'
+  assert json.loads(kaggle.read_text()) == {'username': 'ann',
+                                            'key': _KAGGLE_KEY}
+  assert token.read_text().strip() == _HF_TOKEN
+  assert kaggle.stat().st_mode & 0o777 == 0o600
+  assert token.stat().st_mode & 0o777 == 0o600
+  (check,) = [c for c in sandbox.python_calls()
+              if 'agent_tunix.credentials' in c['argv']][:1]
+  assert check['argv'] == ['-m', 'agent_tunix.credentials',
+                           '--config=configs/gemma3_1b.py', '--config.a=1']
+  # On a worker: the folders are made private, the old files removed, and
+  # the trainer starts only after the files have mode 0600.
+  kaggle_dir = worker.home / '.kaggle'
+  kaggle_dir.mkdir(mode=0o755)
+  (kaggle_dir / 'kaggle.json').write_text('old')
+  proc = worker.run(_remote_command(result.calls[0]))
+  assert proc.returncode == 0, proc.stderr
+  assert kaggle_dir.stat().st_mode & 0o777 == 0o700
+  hf_dir = worker.home / '.cache' / 'huggingface'
+  assert hf_dir.stat().st_mode & 0o777 == 0o700
+  assert not (kaggle_dir / 'kaggle.json').exists()
+  for sent, there in ((kaggle, kaggle_dir / 'kaggle.json'),
+                      (token, hf_dir / 'token')):
+    shutil.copy(sent, there)
+    there.chmod(0o644)
+  proc = worker.run(_remote_command(result.calls[4]))
+  assert proc.returncode == 0, proc.stderr
+  assert (kaggle_dir / 'kaggle.json').stat().st_mode & 0o777 == 0o600
+  assert (hf_dir / 'token').stat().st_mode & 0o777 == 0o600
+
+
+def test_credentials_from_the_users_files(sandbox):
+  home = sandbox.root / 'local_home'
+  (home / '.kaggle').mkdir(parents=True)
+  (home / '.kaggle' / 'kaggle.json').write_text('{"username": "b"}\n')
+  (home / '.cache' / 'huggingface').mkdir(parents=True)
+  (home / '.cache' / 'huggingface' / 'token').write_text('hf_x\n')
+  result = sandbox.run('run.sh', *_ARGS['run.sh'], FAKE_CREDENTIALS=_BOTH)
+  assert result.rc == 0, result.err
+  assert (sandbox.sent / '2' / 'kaggle.json').read_text() == (
+      '{"username": "b"}\n')
+  assert (sandbox.sent / '3' / 'hf_token').read_text() == 'hf_x\n'
+  assert 'from KAGGLE_USERNAME' not in result.err
+
+
+def test_no_credentials_sent_when_none_is_needed(sandbox):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'], **_SECRETS)
+  assert result.rc == 0, result.err
+  assert [c[3] for c in result.calls] == ['ssh', 'scp', 'ssh']
+  assert '.kaggle' not in json.dumps(result.calls)
+
+
+@pytest.mark.parametrize('needs, secrets, message', [
+    ('kaggle google/gemma-3/flax/gemma3-1b\n', {'HF_TOKEN': 'x'},
+     'the weights (google/gemma-3/flax/gemma3-1b) come from Kaggle and no '
+     'Kaggle API key was found'),
+    ('kaggle h\n', {'KAGGLE_KEY': 'k'}, 'no Kaggle API key was found'),
+    ('huggingface google/gemma-4-E2B\n', {'KAGGLE_USERNAME': 'a',
+                                         'KAGGLE_KEY': 'k'},
+     'the weights (google/gemma-4-E2B) are a gated Hugging Face repo and '
+     'HF_TOKEN is not set'),
+])
+def test_a_missing_credential_is_refused_in_one_line_before_any_copy(
+    sandbox, needs, secrets, message):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'], FAKE_CREDENTIALS=needs,
+                       **secrets)
+  assert result.rc == 2
+  (line,) = [l for l in result.err.splitlines() if 'not started' in l]
+  assert message in line
+  assert not result.calls and not sandbox.preflight_calls()
+
+
+def test_a_config_error_in_the_check_is_not_a_misfit(sandbox):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'], FAKE_CREDENTIALS_RC='2')
+  assert result.rc == 2
+  assert 'the config or an override is wrong' in result.err
+  assert 'does not fit' not in result.err
+  assert not result.calls and not sandbox.preflight_calls()
+
+
+def test_a_check_that_cannot_run_sends_the_credentials_there_are(sandbox):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'], FAKE_CREDENTIALS_RC='1',
+                       HF_TOKEN=_HF_TOKEN)
+  assert result.rc == 0, result.err
+  assert 'could not ask python3 which credentials' in result.err
+  assert [c[4:6] for c in result.calls if c[3] == 'scp'] == [
+      ['--recurse', '<tmp>/agent_tunix'],
+      ['<tmp>/hf_token', 't:~/.cache/huggingface/token']]
+
+
+@pytest.mark.parametrize('config, rc, message', [
+    ('configs/tiny.py', 0, 'started'),
+    ('configs/gemma3_1b.py', 2, 'come from Kaggle'),
+    ('configs/gemma4_e2b.py', 2, 'gated Hugging Face repo'),
+])
+def test_run_asks_the_real_config_what_it_needs(sandbox, config, rc,
+                                                message):
+  result = sandbox.run('run.sh', f'--config={config}', '--workdir=gs://b/r',
+                       '--skip-preflight', PYTHON=sys.executable)
+  assert result.rc == rc, result.err
+  assert message in result.err
+
+
+def test_run_acceptance_a_misspelled_field_is_a_config_error(sandbox):
+  result = sandbox.run('run.sh', '--config=configs/tiny.py',
+                       '--workdir=gs://b/r', '--config.traning.num_steps=1',
+                       PYTHON=sys.executable)
+  assert result.rc == 2
+  assert "did you mean 'training'" in result.err
+  assert 'the config or an override is wrong' in result.err
+  assert 'does not fit' not in result.err
+  assert not result.calls
 
 
 # -------------------------------------------------------------- stop, logs
