@@ -23,10 +23,10 @@ checkpoint (so after a crash, the same two calls continue the run).
 import tempfile
 
 from absl import logging
-from etils import epath
 import numpy as np
 
 from agent_tunix import export as export_lib
+from agent_tunix import storage
 from agent_tunix.data import pipeline
 from agent_tunix.data import prompts
 from agent_tunix.data import rubrics
@@ -59,7 +59,7 @@ def prepare(config, workdir=None):
 
 
 def _checkpoint_steps(session):
-  if not epath.Path(session.workdir).exists():
+  if not storage.path(session.workdir).exists():
     return []
   return export_lib.checkpoint_steps(session.config, session.workdir)
 

@@ -17,10 +17,10 @@ import sys
 
 from absl import app
 from absl import flags
-from etils import epath
 from ml_collections import config_flags
 
 from agent_tunix import cli
+from agent_tunix import storage
 from agent_tunix.rl import evaluation
 from agent_tunix.run import checkpoint
 from agent_tunix.run import errors
@@ -45,7 +45,7 @@ _STEP = flags.DEFINE_integer(
 
 def check_workdir(workdir, allow_base):
   """Refuses a missing workdir, or one without checkpoints unless allowed."""
-  if workdir and not epath.Path(workdir).exists():
+  if workdir and not storage.path(workdir).exists():
     raise SystemExit(
         f'evaluate: --workdir={workdir} does not exist; pass the --workdir '
         'of a training run.'

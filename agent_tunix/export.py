@@ -60,7 +60,6 @@ import shutil
 import tempfile
 
 from absl import logging
-from etils import epath
 from flax import nnx
 import gguf
 import jax
@@ -72,6 +71,7 @@ from tunix.models.gemma3 import model as model_lib
 
 from agent_tunix import cli
 from agent_tunix import models
+from agent_tunix import storage
 from agent_tunix.config import validation
 from agent_tunix.data import prompts
 from agent_tunix.models import gemma
@@ -211,12 +211,12 @@ def checkpoint_steps(config, workdir):
   Raises:
     ExportError: `workdir` does not exist.
   """
-  if not epath.Path(workdir).exists():
+  if not storage.path(workdir).exists():
     raise ExportError(
         f'workdir {workdir!r} does not exist; pass the --workdir of a '
         'training run.'
     )
-  if not (epath.Path(workdir) / checkpoint.CHECKPOINT_SUBDIR).exists():
+  if not (storage.path(workdir) / checkpoint.CHECKPOINT_SUBDIR).exists():
     return []
   ckpt = checkpoint.Checkpointer(workdir, config.checkpoint, read_only=True)
   try:

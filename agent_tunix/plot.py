@@ -17,9 +17,10 @@ from absl import app
 from absl import flags
 from matplotlib import figure
 from matplotlib import ticker
-import tensorflow as tf
 
 from agent_tunix import cli
+from agent_tunix import storage
+from agent_tunix.observe import events
 
 
 def _define_flags():
@@ -30,7 +31,7 @@ def _define_flags():
   )
   flags.DEFINE_string('output', None, 'PNG file to write (local or gs://).')
 
-EVENT_GLOB = 'events.out.tfevents.*'
+EVENT_GLOB = events.EVENT_GLOB
 
 # (panel title, y label, [(series label, tag)]); the reward panel adds one
 # series per 'reward/<fn>/mean' tag found.
@@ -54,41 +55,19 @@ def read_scalars(workdir):
 
   Returns:
     The scalars; event files are read in the order they were created (the
-    wall time of each file's first event, then the writer number in its
-    name), so a step written again by a resumed run takes the later value.
+    second and then the writer number in each name), so a step written
+    again by a resumed run takes the later value.
 
   Raises:
     FileNotFoundError: workdir has no event files.
   """
-  paths = sorted(tf.io.gfile.glob(f'{workdir.rstrip("/")}/{EVENT_GLOB}'),
-                 key=_creation_order)
-  if not paths:
+  if not events.event_files(workdir):
     raise FileNotFoundError(
         f'No TensorBoard event files ({EVENT_GLOB}) in --workdir={workdir!r}. '
         'Pass the --workdir of a training run (agent_tunix.main writes them '
         'there).'
     )
-  scalars = collections.defaultdict(dict)
-  for path in paths:
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for value in event.summary.value:
-        if value.HasField('simple_value'):
-          scalars[value.tag][event.step] = float(value.simple_value)
-        elif value.metadata.plugin_data.plugin_name == 'scalars':
-          scalars[value.tag][event.step] = float(
-              tf.make_ndarray(value.tensor)
-          )
-  return dict(scalars)
-
-
-def _creation_order(path):
-  """Sort key of an event file: its first event's wall time, then the
-  writer's number in the name (events.out.tfevents.<s>.<host>.<pid>.<n>.v2;
-  names sort wrongly as text once n passes 9)."""
-  first = next(iter(tf.compat.v1.train.summary_iterator(path)), None)
-  parts = path.rsplit('/', 1)[-1].split('.')
-  number = int(parts[-2]) if len(parts) > 2 and parts[-2].isdigit() else 0
-  return (first.wall_time if first is not None else 0.0, number, path)
+  return events.read_scalars(workdir)
 
 
 def _series(scalars, tag):
@@ -165,8 +144,7 @@ def plot(workdir, output):
   fig.suptitle(workdir)
   buf = io.BytesIO()
   fig.savefig(buf, format='png', dpi=80)
-  with tf.io.gfile.GFile(output, 'wb') as f:
-    f.write(buf.getvalue())
+  storage.write_bytes(output, buf.getvalue())
   return panels
 
 

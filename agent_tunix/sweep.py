@@ -57,11 +57,11 @@ import time
 from absl import app
 from absl import flags
 from absl import logging
-from etils import epath
 import ml_collections
 
 from agent_tunix import cli
 from agent_tunix import plot
+from agent_tunix import storage
 from agent_tunix.config import validation
 from agent_tunix.observe import metrics
 from agent_tunix.run import checkpoint
@@ -384,7 +384,7 @@ def write_summary(workdir, rows, description):
   table = format_table(rows)
   failed = [r for r in rows if 'error' in r]
   notes = ''.join(f'\n- {r["name"]}: {r["error"]}' for r in failed)
-  root = epath.Path(workdir)
+  root = storage.path(workdir)
   root.mkdir(parents=True, exist_ok=True)
   stamp = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())
   (root / TABLE_FILE).write_text(

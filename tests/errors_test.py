@@ -131,14 +131,14 @@ def test_orbax_info_lines_are_quiet_unless_verbose():
   assert not quiet.filter(record(orbax, py_logging.INFO))
   assert quiet.filter(record(orbax, py_logging.WARNING))
   assert quiet.filter(record('/w/agent_tunix/run/train.py', py_logging.INFO))
-  # Orbax's and CLU's error lines stay, without their tracebacks; ours
-  # keep theirs; CLU's INFO lines (its progress report) stay.
+  # Orbax's and gcsfs's error lines stay, without their tracebacks; ours
+  # keep theirs; gcsfs's INFO lines stay.
   error = failed(orbax)
   assert quiet.filter(error) and error.exc_info is None
-  clu = '/venv/site-packages/clu/asynclib.py'
-  error = failed(clu)
+  gcsfs = '/venv/site-packages/gcsfs/retry.py'
+  error = failed(gcsfs)
   assert quiet.filter(error) and error.exc_info is None
-  assert quiet.filter(record('/venv/site-packages/clu/platform/local.py',
+  assert quiet.filter(record('/venv/site-packages/gcsfs/core.py',
                              py_logging.INFO))
   ours = failed('/w/agent_tunix/run/train.py')
   assert quiet.filter(ours) and ours.exc_info is not None

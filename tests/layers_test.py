@@ -20,6 +20,7 @@ LAYERS = (
     ('judge', ('judge',)),
     ('rl', ('rl',)),
     ('bottom', ('agent', 'data', 'models', 'rewards', 'tpu')),
+    ('storage', ('storage',)),
 )
 _RANK = {pkg: rank for rank, (_, pkgs) in enumerate(LAYERS) for pkg in pkgs}
 

@@ -29,7 +29,7 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 import pathlib  # pylint: disable=g-import-not-at-top
 
 import numpy as np
-import tensorflow as tf
+import tb_events
 
 from agent_tunix.run import train
 from configs import tiny
@@ -46,10 +46,10 @@ def _reward_means(workdir):
   """reward/mean of every step, in step order."""
   found = {}
   for path in sorted(pathlib.Path(workdir).glob('events.out.tfevents.*')):
-    for event in tf.compat.v1.train.summary_iterator(str(path)):
+    for event in tb_events.iterate(str(path)):
       for value in event.summary.value:
         if value.tag == 'reward/mean':
-          found[event.step] = float(tf.make_ndarray(value.tensor))
+          found[event.step] = float(tb_events.make_ndarray(value.tensor))
   assert sorted(found) == list(range(1, _STEPS + 1)), sorted(found)
   return np.array([found[step] for step in sorted(found)])
 

@@ -10,17 +10,18 @@ import logging as py_logging
 import pathlib
 import time
 
-from clu import metric_writers
+
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-import tensorflow as tf
+import tb_events
 from tensorboard import plugin_util
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from agent_tunix.observe import metrics
+from agent_tunix.observe import writers
 from configs import base
 
 
@@ -29,10 +30,10 @@ def _events(logdir):
   found = collections.defaultdict(list)
   files = sorted(pathlib.Path(logdir).glob('events.out.tfevents.*'))
   for path in files:
-    for event in tf.compat.v1.train.summary_iterator(str(path)):
+    for event in tb_events.iterate(str(path)):
       for value in event.summary.value:
         plugin = value.metadata.plugin_data
-        found[value.tag].append((event.step, tf.make_ndarray(value.tensor),
+        found[value.tag].append((event.step, tb_events.make_ndarray(value.tensor),
                                  plugin.plugin_name, plugin.content))
   return found
 
@@ -165,7 +166,7 @@ def test_samples_truncation_and_noop():
   assert 'x' * 10 + '... [40 more characters]' in text
   assert '`0.5`' in text
 
-  class Recorder(metric_writers.MetricWriter):
+  class Recorder(writers.MetricWriter):
     """Keeps write_texts calls; every other method is a no-op."""
 
     def __init__(self):
@@ -196,7 +197,7 @@ def test_progress_hook_reports_every_n_steps_and_last(caplog):
   caplog.set_level(py_logging.INFO)
   scalars = []
 
-  class Recorder(metric_writers.MetricWriter):
+  class Recorder(writers.MetricWriter):
 
     def write_scalars(self, step, values):
       scalars.append((step, dict(values)))
@@ -217,12 +218,12 @@ def test_progress_hook_reports_every_n_steps_and_last(caplog):
   rates = [(s, v['steps_per_sec']) for s, v in scalars if 'steps_per_sec' in v]
   assert rates == [(2, 2.0), (4, 2.0), (5, 2.0)]
   assert [s for s, v in scalars if 'uptime' in v] == [2, 4, 5]
-  assert 'notes: 2.0 steps/s, 40.0% (2/5), ETA: 0m' in caplog.text
+  assert 'Progress: 2.0 steps/s, 40.0% (2/5), ETA: 0m' in caplog.text
   # A 30 s step on CPU: not '0.0 steps/s'.
   hook = metrics.progress_hook(_small_config(), 200, Recorder())
   assert not hook(10, t=0.0) and not hook(11, t=30.0)
   assert hook(12, t=61.0)
-  assert 'notes: 30.5 s/step, 6.0% (12/200), ETA: 1h35m' in caplog.text
+  assert 'Progress: 30.5 s/step, 6.0% (12/200), ETA: 1h35m' in caplog.text
   assert scalars[-1] == (12, {'steps_per_sec': 2 / 61.0,
                               'uptime': scalars[-1][1]['uptime']})
 

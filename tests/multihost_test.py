@@ -159,14 +159,14 @@ def runs(tmp_path_factory, request):
 
 def _read_events(workdir):
   """({tag: {step: float}}, number of event files) of a run's workdir."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tb_events  # pylint: disable=g-import-not-at-top
   files = sorted(pathlib.Path(workdir).glob('events.out.tfevents.*'))
   found = collections.defaultdict(dict)
   for path in files:
-    for event in tf.compat.v1.train.summary_iterator(str(path)):
+    for event in tb_events.iterate(str(path)):
       for value in event.summary.value:
         if value.metadata.plugin_data.plugin_name == 'scalars':
-          found[value.tag][event.step] = float(tf.make_ndarray(value.tensor))
+          found[value.tag][event.step] = float(tb_events.make_ndarray(value.tensor))
   return found, len(files)
 
 

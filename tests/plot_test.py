@@ -1,4 +1,4 @@
-"""Tests for agent_tunix.plot on event files written by the run's CLU writer."""
+"""Tests for agent_tunix.plot on event files written by the run's metric writer."""
 
 import os
 import pathlib

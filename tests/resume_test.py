@@ -50,7 +50,7 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
+import tb_events
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 _TESTS = _REPO / 'tests'
@@ -165,10 +165,10 @@ def read_events(files):
   """
   found = collections.defaultdict(dict)
   for path in sorted(files):
-    for event in tf.compat.v1.train.summary_iterator(str(path)):
+    for event in tb_events.iterate(str(path)):
       for value in event.summary.value:
         found[value.tag][event.step] = (
-            tf.make_ndarray(value.tensor),
+            tb_events.make_ndarray(value.tensor),
             value.metadata.plugin_data.plugin_name)
   return found
 

@@ -13,7 +13,7 @@ import sys
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import pytest
-import tensorflow as tf
+import tb_events
 from tensorboard.backend.event_processing import plugin_event_multiplexer
 
 from agent_tunix import sweep
@@ -283,7 +283,7 @@ def test_cli_bad_sweep_is_one_line(tmp_path):
 def _event_steps(path):
   """{step: set of scalar tags} in one event file."""
   steps = {}
-  for event in tf.compat.v1.train.summary_iterator(str(path)):
+  for event in tb_events.iterate(str(path)):
     for value in event.summary.value:
       if value.metadata.plugin_data.plugin_name == 'scalars':
         steps.setdefault(event.step, set()).add(value.tag)

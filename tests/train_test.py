@@ -20,7 +20,7 @@ from flax import nnx
 import jax
 import numpy as np
 import pytest
-import tensorflow as tf
+import tb_events
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from agent_tunix import plot
@@ -53,11 +53,11 @@ def read_events(workdir):
   """
   found = collections.defaultdict(dict)
   for path in sorted(pathlib.Path(workdir).glob('events.out.tfevents.*')):
-    for event in tf.compat.v1.train.summary_iterator(str(path)):
+    for event in tb_events.iterate(str(path)):
       for value in event.summary.value:
         plugin = value.metadata.plugin_data
         found[value.tag][event.step] = (
-            tf.make_ndarray(value.tensor), plugin.plugin_name, plugin.content)
+            tb_events.make_ndarray(value.tensor), plugin.plugin_name, plugin.content)
   return found
 
 

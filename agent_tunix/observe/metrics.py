@@ -1,8 +1,8 @@
 """Metric writing (CLU / TensorBoard), progress reports and sanity checks.
 
 Process 0 writes TensorBoard event files into the workdir (local or gs://,
-through TensorFlow's file system); every other process only logs its metrics
-to its own absl log. A typical loop:
+through the storage layer, without TensorFlow: `events`); every other
+process only logs its metrics to its own absl log. A typical loop:
 
   writer = metrics.create_writer(workdir)
   metrics.write_hparams(writer, config)
@@ -22,12 +22,12 @@ import re
 import time
 
 from absl import logging
-from clu import metric_writers
-from clu import periodic_actions
-from clu import platform
 import jax
 import ml_collections
 import numpy as np
+
+from agent_tunix.observe import events
+from agent_tunix.observe import writers
 
 # What to try when the loss or gradients stop being finite.
 NON_FINITE_HINT = (
@@ -38,7 +38,7 @@ _TAG_BAD_CHARS = re.compile(r'[^A-Za-z0-9_.\-/]+')
 
 
 def create_writer(workdir, asynchronous=True, config=None):
-  """Returns a CLU MetricWriter for the run.
+  """Returns the run's MetricWriter (log lines + TensorBoard [+ W&B]).
 
   Args:
     workdir: Run directory (local or gs://); TensorBoard event files go here.
@@ -50,18 +50,14 @@ def create_writer(workdir, asynchronous=True, config=None):
   On processes other than 0 the writer only logs (no files), so a multi-host
   run has one set of event files (and one W&B run).
   """
-  writer = metric_writers.create_default_writer(
-      workdir,
-      just_logging=jax.process_index() > 0,
-      asynchronous=asynchronous,
-  )
-  if (config is not None and config.logging.wandb_project
-      and jax.process_index() == 0):
-    from agent_tunix.observe import wandb_writer  # pylint: disable=g-import-not-at-top
-    writer = metric_writers.MultiWriter(
-        [writer, wandb_writer.create(config.logging, workdir)]
-    )
-  return writer
+  chosen = [writers.LoggingWriter()]
+  if jax.process_index() == 0:
+    chosen.append(events.TensorBoardWriter(workdir))
+    if config is not None and config.logging.wandb_project:
+      from agent_tunix.observe import wandb_writer  # pylint: disable=g-import-not-at-top
+      chosen.append(wandb_writer.create(config.logging, workdir))
+  writer = writers.MultiWriter(chosen)
+  return writers.AsyncWriter(writer) if asynchronous else writer
 
 
 @contextlib.contextmanager
@@ -167,22 +163,43 @@ def _duration(seconds):
   return f'{hours}h{minutes:02d}m' if hours else f'{minutes}m'
 
 
-class _Progress(periodic_actions.ReportProgress):
-  """CLU's ReportProgress, with a pace that reads true for slow steps.
+class _Progress:
+  """Logs the pace, percent done and ETA every `every_steps` steps.
 
-  CLU writes the rate with one decimal: a 30 s step is '0.0 steps/s'. Below
-  one step per second this says '30.0 s/step' instead.
+  Below one step per second the pace reads '30.0 s/step', not
+  '0.0 steps/s'. Returns from each call whether it reported.
   """
 
-  def _apply(self, step, t):
+  def __init__(self, num_train_steps, writer, every_steps):
+    self._num_train_steps = num_train_steps
+    self._writer = writer
+    self._every = every_steps
+    self._t0 = time.monotonic()
+    self._previous_step = None
+    self._previous_time = None
+
+  def __call__(self, step, t=None):
+    t = time.monotonic() if t is None else t
+    if self._previous_step is None:
+      self._previous_step, self._previous_time = step, t
+      return False
+    if step % self._every and step != self._num_train_steps:
+      return False
+    if step <= self._previous_step:
+      return False
+    self._report(step, t)
+    self._previous_step, self._previous_time = step, t
+    return True
+
+  def _report(self, step, t):
     seconds_per_step = (t - self._previous_time) / (step - self._previous_step)
-    steps_per_sec = 1 / seconds_per_step
+    steps_per_sec = 1 / seconds_per_step if seconds_per_step > 0 else 0.0
     pace = (f'{steps_per_sec:.1f} steps/s' if steps_per_sec >= 1
             else f'{seconds_per_step:.1f} s/step')
     total = self._num_train_steps
-    note = (f'{pace}, {100 * step / total:.1f}% ({step}/{total}), ETA: '
-            f'{_duration((total - step) * seconds_per_step)}')
-    platform.work_unit().set_notes(note)
+    logging.info('Progress: %s, %.1f%% (%d/%d), ETA: %s', pace,
+                 100 * step / total, step, total,
+                 _duration((total - step) * seconds_per_step))
     if self._writer is not None:
       self._writer.write_scalars(step, {
           'steps_per_sec': steps_per_sec,
@@ -191,7 +208,7 @@ class _Progress(periodic_actions.ReportProgress):
 
 
 def progress_hook(config, num_steps, writer):
-  """Returns a CLU ReportProgress hook: call it with the step after each step.
+  """Returns a progress hook: call it with the step after each step.
 
   It logs the pace (steps/s, or s/step when slower than one step a second),
   percent done and ETA every config.logging.report_every_n_steps steps (and
@@ -207,12 +224,8 @@ def progress_hook(config, num_steps, writer):
     raise ValueError(
         f'logging.report_every_n_steps must be >= 1, got {every}.'
     )
-  return _Progress(
-      num_train_steps=num_steps,
-      writer=writer,
-      every_steps=every,
-      every_secs=None,
-  )
+  return _Progress(num_train_steps=num_steps, writer=writer,
+                   every_steps=every)
 
 
 def _fence(text):

@@ -1,4 +1,4 @@
-"""Weights & Biases as one more CLU MetricWriter (optional).
+"""Weights & Biases as one more MetricWriter (optional).
 
 With config.logging.wandb_project set, `metrics.create_writer` adds a
 `WandbWriter` beside the TensorBoard writer on process 0, so the run's
@@ -20,11 +20,11 @@ import html
 import uuid
 
 from absl import logging
-from clu.metric_writers import interface
-from etils import epath
 import numpy as np
 
+from agent_tunix import storage
 from agent_tunix.config import validation
+from agent_tunix.observe import writers
 
 # File in the workdir holding the W&B run id (resumes continue that run).
 RUN_ID_FILE = 'wandb_run_id'
@@ -38,7 +38,7 @@ def _number(value):
   return value.item()
 
 
-class WandbWriter(interface.MetricWriter):
+class WandbWriter(writers.MetricWriter):
   """Writes to one W&B run. Use `create` to open it from the config."""
 
   def __init__(self, run, module):
@@ -46,17 +46,10 @@ class WandbWriter(interface.MetricWriter):
 
     Args:
       run: the run `module.init` returned.
-      module: the wandb module (for its media types: Html, Image,
-        Histogram).
+      module: the wandb module (for its Html media type).
     """
     self._run = run
     self._wandb = module
-    self._skipped = set()
-
-  def _skip(self, kind):
-    if kind not in self._skipped:
-      self._skipped.add(kind)
-      logging.info('W&B writer: %s are written to TensorBoard only.', kind)
 
   def write_scalars(self, step, scalars):
     self._run.log({k: _number(v) for k, v in scalars.items()}, step=step)
@@ -72,35 +65,6 @@ class WandbWriter(interface.MetricWriter):
   def write_hparams(self, hparams):
     self._run.config.update(dict(hparams), allow_val_change=True)
 
-  def write_images(self, step, images):
-    logged = {}
-    for key, value in images.items():
-      value = np.asarray(value)
-      batch = value if value.ndim == 4 else value[None]
-      logged[key] = [self._wandb.Image(image) for image in batch]
-    self._run.log(logged, step=step)
-
-  def write_histograms(self, step, arrays, num_buckets=None):
-    num_buckets = num_buckets or {}
-    self._run.log(
-        {k: self._wandb.Histogram(np.asarray(v).ravel(),
-                                  num_bins=num_buckets.get(k, 64))
-         for k, v in arrays.items()},
-        step=step,
-    )
-
-  def write_summaries(self, step, values, metadata=None):
-    del step, values, metadata
-    self._skip('tensor summaries')
-
-  def write_videos(self, step, videos):
-    del step, videos
-    self._skip('videos')
-
-  def write_audios(self, step, audios, *, sample_rate):
-    del step, audios, sample_rate
-    self._skip('audios')
-
   def flush(self):
     pass  # wandb sends from its own process; nothing is held here.
 
@@ -109,14 +73,12 @@ class WandbWriter(interface.MetricWriter):
 
 
 def _run_id(workdir):
-  """The workdir's W&B run id, made and stored at the first start."""
-  file = epath.Path(workdir) / RUN_ID_FILE
-  if file.exists():
-    return file.read_text().strip()
-  run_id = uuid.uuid4().hex[:16]
-  file.parent.mkdir(parents=True, exist_ok=True)
-  file.write_text(run_id + '\n')
-  return run_id
+  """The workdir's W&B run id, made and stored at the first start (with an
+  exclusive create: of two starts racing, both use the id that won)."""
+  file = str(storage.path(workdir) / RUN_ID_FILE)
+  if not storage.exists(file):
+    storage.create_exclusive(file, (uuid.uuid4().hex[:16] + '\n').encode())
+  return storage.read_text(file).strip()
 
 
 def create(logging_config, workdir, module=None):
@@ -136,7 +98,7 @@ def create(logging_config, workdir, module=None):
   if module is None:
     import wandb as module  # pylint: disable=g-import-not-at-top
   name = (logging_config.wandb_run_name
-          or epath.Path(workdir).name or str(workdir))
+          or storage.path(workdir).name or str(workdir))
   try:
     run = module.init(
         project=logging_config.wandb_project,

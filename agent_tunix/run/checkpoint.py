@@ -88,7 +88,6 @@ import time
 from typing import Any, NamedTuple
 
 from absl import logging
-from etils import epath
 from flax import nnx
 import grain
 import jax
@@ -96,6 +95,8 @@ import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
+
+from agent_tunix import storage
 
 CHECKPOINT_SUBDIR = 'checkpoints'
 # Meta key holding the checksums of the 'lora' and 'opt' arrays.
@@ -354,7 +355,7 @@ class Checkpointer:
       raise ValueError(
           f'checkpoint.max_to_keep must be >= 1, got {config.max_to_keep}.'
       )
-    self.directory = epath.Path(workdir) / CHECKPOINT_SUBDIR
+    self.directory = storage.path(workdir) / CHECKPOINT_SUBDIR
     # A reader saves and deletes nothing: saying so up front spares two
     # Orbax warnings ('read_only=True, setting ...') on every evaluate.
     options = ocp.CheckpointManagerOptions(
@@ -649,7 +650,7 @@ def steps_on_disk(workdir):
   number as its name; a save in progress is named otherwise). Nothing is
   restored: a damaged step is listed too.
   """
-  directory = epath.Path(workdir) / CHECKPOINT_SUBDIR
+  directory = storage.path(workdir) / CHECKPOINT_SUBDIR
   if not directory.exists():
     return []
   return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
@@ -662,7 +663,7 @@ def has_steps(workdir):
 
 def _move_dir(source, target):
   """Moves a directory (rename; copy and delete where rename cannot)."""
-  source, target = epath.Path(source), epath.Path(target)
+  source, target = storage.path(source), storage.path(target)
   try:
     source.rename(target)
     return

@@ -15,7 +15,7 @@
   * anything else (a bug) raises with its full traceback, as before.
 
 It also drops INFO lines of Orbax from the log, and the tracebacks of
-Orbax's and CLU's warnings and errors (the line itself stays), unless the
+Orbax's and gcsfs's warnings and errors (the line itself stays), unless the
 verbosity is 1 or more, so the console shows the run's own progress.
 """
 
@@ -27,6 +27,7 @@ from absl import logging
 
 from agent_tunix import cli
 from agent_tunix import rewards
+from agent_tunix import storage
 from agent_tunix.config import validation
 from agent_tunix.data import gsm8k
 from agent_tunix.run import checkpoint
@@ -46,19 +47,20 @@ USER_ERRORS = (
     divergence.DivergenceError,
     rewards.RewardError,
     gsm8k.DataError,
+    storage.StorageError,
     FileNotFoundError,
 )
 # Loggers' source paths whose INFO lines are dropped at verbosity 0.
 _QUIET_SOURCES = ('/orbax/',)
 # Source paths whose warnings and errors lose their tracebacks at verbosity
-# 0 (CLU's INFO lines stay: its progress report is one).
-_NO_TRACEBACK_SOURCES = ('/orbax/', '/clu/')
+# 0.
+_NO_TRACEBACK_SOURCES = ('/orbax/', '/gcsfs/')
 
 
 class _QuietThirdParty(py_logging.Filter):
   """Quiets third-party logs at verbosity 0.
 
-  Orbax's INFO lines go; Orbax's and CLU's warnings and errors stay, one
+  Orbax's INFO lines go; Orbax's and gcsfs's warnings and errors stay, one
   line each, without their tracebacks (~30 lines each: e.g. every writer
   thread of a save, or every metrics flush, on a full disk).
   """

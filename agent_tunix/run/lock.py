@@ -7,22 +7,21 @@
 and a daemon thread rewrites "heartbeat" (UTC seconds) every `HEARTBEAT_S`.
 A second run on the same workdir is refused at once with `LockedError`,
 naming the other run's host, pid, start time and last heartbeat. A lock
-left by a run that died (SIGKILL, a lost VM) is not stuck forever: it is
-stale, and taken over with a warning, when its pid is not running on this
-same host, or when its heartbeat is older than `STALE_AFTER_S` (any host).
-The lock is removed when the run ends, also on errors.
+left by a run that died (SIGKILL, a lost VM) is stale, and taken over with
+a warning, when its pid is not running on this same host, or when its
+heartbeat is older than `STALE_AFTER_S` (any host). The lock is removed
+when the run ends, also on errors.
 
-Guarantees. On a local or NFS-like file system the lock file is created
-with O_CREAT | O_EXCL, so of two runs starting together exactly one gets
-it. On gs:// (no exclusive create through tf.io.gfile / epath) the lock is
-written, then read back after `_SETTLE_S` seconds and kept only if it is
-still ours: a run started while another holds the lock is always refused,
-and of two runs that both found no lock the one overwritten before its
-read-back is refused; but a run taking more than `_SETTLE_S` between
-finding no lock and writing its own can overwrite a lock the other has
-already read back, and both go on. A live run whose heartbeat stops for
-`STALE_AFTER_S` (a suspended VM) loses its lock to the next start, on any
-file system.
+Exact on both kinds of store: of N runs starting together exactly one gets
+the lock. Locally the file is created with O_CREAT | O_EXCL and rewritten
+by rename. On gs:// it is an object created with the precondition
+ifGenerationMatch=0; the heartbeat, a stale takeover and the removal are
+conditional on the generation the run holds, so a run that lost its lock
+(its heartbeat stopped for `STALE_AFTER_S` and another run took over)
+learns it at its next heartbeat and logs an error instead of writing over
+the new owner. An emulator that ignores preconditions (gcp-storage-emulator;
+probed once, with a warning) gets the weaker protocol: write, wait
+`SETTLE_S`, read back, keep the lock only if it is still ours.
 
 Multi-host runs: only process 0 takes the lock; the others learn the result
 from it, so every process refuses together.
@@ -38,15 +37,19 @@ import time
 import uuid
 
 from absl import logging
-from etils import epath
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
+from agent_tunix import storage
+from agent_tunix.storage import objects
+
 FILENAME = 'RUN_LOCK.json'
 HEARTBEAT_S = 60.0
 STALE_AFTER_S = 600.0
-_SETTLE_S = 1.0
+# With an emulator that ignores preconditions: how long a new lock object
+# is left before it is read back (see _GcsObject.create).
+SETTLE_S = 1.0
 
 
 class LockedError(RuntimeError):
@@ -91,59 +94,125 @@ def describe(owner, path):
           f'last heartbeat {age:.0f} s ago')
 
 
+def _parse(data):
+  try:
+    return json.loads(data)
+  except (TypeError, ValueError):
+    return None
+
+
+class _LocalFile:
+  """The lock as a local file: O_EXCL create, rename to rewrite."""
+
+  def __init__(self, path):
+    self.path = path
+
+  def create(self, text):
+    return storage.create_exclusive(self.path, text.encode())
+
+  def read(self):
+    """(owner dict or None, version) — the version is unused locally."""
+    try:
+      return _parse(storage.path(self.path).read_text()), None
+    except FileNotFoundError:
+      return None, None
+
+  def take_over(self, text, unused_version):
+    """Moves the stale file aside, then creates ours; False if another run
+    moved it first."""
+    stale = f'{self.path}.stale-{uuid.uuid4().hex}'
+    try:
+      os.rename(self.path, stale)
+      os.unlink(stale)
+    except OSError:
+      return False
+    return self.create(text)
+
+  def update(self, text):
+    storage.write_text(self.path, text)
+    return True
+
+  def remove(self, token):
+    owner, _ = self.read()
+    if (owner or {}).get('token') == token:
+      os.unlink(self.path)
+
+
+class _GcsObject:
+  """The lock as a Cloud Storage object, every write conditional on its
+  generation."""
+
+  def __init__(self, path):
+    self.path = path
+    self._generation = None
+
+  def create(self, text):
+    token = json.loads(text)['token']
+    exact = objects.preconditions_enforced(self.path)
+    if not exact and self.read()[0] is not None:
+      return False
+    generation = objects.create(self.path, text.encode())
+    if generation is None or not exact:
+      # A retried create whose first try went through finds our own lock.
+      # Where preconditions are ignored (an emulator), the last of racing
+      # writers wins: each reads back after SETTLE_S and keeps only its own.
+      if not exact:
+        time.sleep(SETTLE_S)
+      owner, generation = self.read()
+      if (owner or {}).get('token') != token:
+        return False
+    self._generation = generation
+    return True
+
+  def read(self):
+    data, generation = objects.read(self.path)
+    return (_parse(data) if data is not None else None), generation
+
+  def take_over(self, text, version):
+    try:
+      self._generation = objects.replace(self.path, text.encode(), version)
+    except objects.PreconditionFailed:
+      return False  # Another run took it over, or its owner came back.
+    return True
+
+  def update(self, text):
+    try:
+      self._generation = objects.replace(self.path, text.encode(),
+                                         self._generation)
+    except objects.PreconditionFailed:
+      return False
+    return True
+
+  def remove(self, unused_token):
+    if self._generation is not None:
+      objects.delete(self.path, self._generation)
+
+
 class Lock:
   """The lock of one workdir (see the module docstring)."""
 
   def __init__(self, workdir):
-    self.path = epath.Path(workdir) / FILENAME
-    self._local = not str(workdir).startswith(('gs://', 's3://'))
+    self.path = str(storage.path(workdir) / FILENAME)
+    self._store = (_GcsObject(self.path) if storage.is_gcs(workdir)
+                   else _LocalFile(self.path))
     self._owner = None
     self._stop = threading.Event()
     self._thread = None
-
-  def _read(self):
-    try:
-      return json.loads(self.path.read_text())
-    except (FileNotFoundError, ValueError):
-      return None
-
-  def _create(self, text):
-    """Writes the lock file if none exists; returns True if it did."""
-    if self._local:
-      try:
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-      except FileExistsError:
-        return False
-      with os.fdopen(fd, 'w') as f:
-        f.write(text)
-      return True
-    if self.path.exists():
-      return False
-    self.path.write_text(text)
-    time.sleep(_SETTLE_S)
-    return (self._read() or {}).get('token') == self._owner['token']
-
-  def _write(self):
-    self._owner['heartbeat'] = _now()
-    text = json.dumps(self._owner)
-    if self._local:
-      partial = self.path.with_name(FILENAME + f'.{self._owner["token"]}')
-      partial.write_text(text)
-      os.replace(partial, self.path)
-    else:
-      self.path.write_text(text)
+    self.lost = False
 
   def acquire(self):
     """Takes the lock or raises LockedError naming the other run."""
-    self.path.parent.mkdir(parents=True, exist_ok=True)
+    if not storage.is_remote(self.path):
+      os.makedirs(os.path.dirname(self.path), exist_ok=True)
     now = _now()
     self._owner = {'host': socket.gethostname(), 'pid': os.getpid(),
                    'started': now, 'heartbeat': now,
                    'token': uuid.uuid4().hex}
-    for _ in range(3):
-      if self._create(json.dumps(self._owner)):
+    text = json.dumps(self._owner)
+    for _ in range(5):
+      if self._store.create(text):
         break
-      other = self._read()
+      other, version = self._store.read()
       if other is None:
         continue  # Removed (or half-written) meanwhile; try again.
       reason = is_stale(other)
@@ -157,12 +226,8 @@ class Lock:
         )
       logging.warning('Taking over the stale lock %s (%s): %s.', self.path,
                       reason, describe(other, self.path))
-      stale = self.path.with_name(f'{FILENAME}.stale-{self._owner["token"]}')
-      try:
-        self.path.rename(stale)
-        stale.unlink()
-      except (FileNotFoundError, OSError):
-        continue  # Another run took it over first; look again.
+      if self._store.take_over(text, version):
+        break
     else:
       raise LockedError(f'Could not take {self.path}; try again.')
     self._thread = threading.Thread(target=self._beat, daemon=True,
@@ -170,10 +235,25 @@ class Lock:
     self._thread.start()
     return self
 
+  def heartbeat(self):
+    """Rewrites the heartbeat; False (and an error logged) if the lock was
+    taken over by another run meanwhile."""
+    self._owner['heartbeat'] = _now()
+    if self._store.update(json.dumps(self._owner)):
+      return True
+    if not self.lost:
+      self.lost = True
+      logging.error('Lost the lock %s: another run took it over (this run '
+                    'was silent for over %.0f minutes). Two runs may now '
+                    'write to this workdir; stop one.', self.path,
+                    STALE_AFTER_S / 60)
+    return False
+
   def _beat(self):
     while not self._stop.wait(HEARTBEAT_S):
       try:
-        self._write()
+        if not self.heartbeat():
+          return
       except Exception as e:  # pylint: disable=broad-exception-caught
         logging.warning('Could not refresh %s: %s', self.path, e)
 
@@ -182,9 +262,8 @@ class Lock:
     self._stop.set()
     if self._thread is not None:
       self._thread.join()
-    if self._owner and (self._read() or {}).get('token') == (
-        self._owner['token']):
-      self.path.unlink()
+    if self._owner and not self.lost:
+      self._store.remove(self._owner['token'])
     self._owner = None
 
 
@@ -195,14 +274,15 @@ def hold(workdir):
   if jax.process_index() == 0:
     try:
       lock = Lock(workdir).acquire()
-    except LockedError as e:
+    except (LockedError, storage.StorageError) as e:
       error = e
   if jax.process_count() > 1:
     refused = multihost_utils.broadcast_one_to_all(
         np.asarray(error is not None))
     if bool(refused) and error is None:
       raise LockedError(
-          f'Process 0 found the workdir {workdir} in use by another run.')
+          f'Process 0 could not take the lock of {workdir} (another run, or '
+          'the store refused; its log says which).')
   if error is not None:
     raise error
   try:

@@ -20,10 +20,10 @@ version of the code) is logged, not refused. A workdir with checkpoints but no c
 import json
 
 from absl import logging
-from etils import epath
 import jax
 import ml_collections
 
+from agent_tunix import storage
 from agent_tunix.config import validation
 from agent_tunix.observe import metrics
 
@@ -31,6 +31,7 @@ FILENAME = 'config.json'
 # Fields (or 'section.' prefixes) that may differ between starts of one run.
 SAFE_FIELDS = (
     'training.num_steps',
+    'training.reset_schedule',
     'training.micro_batch_size',
     'training.stop_on_alarm',
     'alarms.',
@@ -90,7 +91,7 @@ def _short(value):
 
 
 def path(workdir):
-  return epath.Path(workdir) / FILENAME
+  return storage.path(workdir) / FILENAME
 
 
 def load(workdir):
