@@ -399,6 +399,12 @@ def get_config(arg=None):
   # When an alarm fires (see the alarms section), save a checkpoint and
   # stop after that step, naming the alarm; False only warns.
   config.training.stop_on_alarm = False
+  # The learning-rate schedule (warmup + cosine decay to 0) spans the
+  # num_steps of the run's first start, kept on resume: a resume past its
+  # end is refused. True: a resume whose num_steps differs from the
+  # schedule's end starts a new warmup + cosine decay from the resumed step
+  # to the new num_steps (docs/resuming.md).
+  config.training.reset_schedule = False
 
   # ----------------------------------------------------------- checkpoint
   config.checkpoint = ml_collections.ConfigDict()

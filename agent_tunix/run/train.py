@@ -61,6 +61,7 @@ from agent_tunix.run import full_disk
 from agent_tunix.run import judging
 from agent_tunix.run import lock as run_lock
 from agent_tunix.run import resolved_config
+from agent_tunix.run import schedule as schedule_lib
 from agent_tunix.tpu import sharding
 
 
@@ -88,6 +89,9 @@ class Session:
   alarms: alarms_lib.Monitor = None  # Made by `run`; its state is saved.
   judge: object = None  # The rubric_judge reward's judge (judging.build).
   judge_masked_groups: int = 0  # Groups masked since the last step's log.
+  # The learning-rate schedule's span (schedule_lib; saved in each step's
+  # meta); None: schedule_lib.first_span(config), which `setup` builds.
+  span: schedule_lib.Span = None
 
 
 def step_seed(base_seed, step, sampling_round=0):
@@ -487,13 +491,41 @@ def last_learning_rate(session):
   return float(session.schedule(max(updates - 1, 0)))
 
 
+def resume_schedule(session, meta):
+  """Keeps the learning-rate schedule of the run resumed from (or starts a
+  new one: training.reset_schedule), and logs the rate change in one line.
+
+  Raises:
+    ConfigError: training.num_steps goes past the schedule's end.
+  """
+  config = session.config
+  updates = int(sharding.to_host(session.optimizer.step.get_value()))
+  stored = None
+  if schedule_lib.META_KEY not in meta:
+    stored = resolved_config.load(session.workdir)
+  old, _ = schedule_lib.saved_span(config, meta, stored)
+  new, _ = schedule_lib.resumed_span(config, meta, updates, stored)
+  old_schedule = optimizer_lib.optimizer_from_config(
+      config, (old.start, old.length))[1]
+  if new != schedule_lib.first_span(config):  # Not what `setup` built.
+    tx, session.schedule = optimizer_lib.optimizer_from_config(
+        config, (new.start, new.length))
+    session.optimizer.tx = tx
+  session.span = new
+  logging.info('%s', schedule_lib.describe(
+      config, old, new, float(old_schedule(max(updates - 1, 0))),
+      float(session.schedule(updates)), updates))
+
+
 def save(ckpt, session, step, force=False):
   """Saves `step` when due (or forced), never a diverged state."""
   if not ckpt.will_save(step, force):
     return
   divergence.check_state(step, session.model, session.optimizer,
                          session.last_batch, session.hp, session.config, ckpt)
-  meta = {'kl_coeff': session.kl_coeff}
+  span = session.span or schedule_lib.first_span(session.config)
+  meta = {'kl_coeff': session.kl_coeff,
+          schedule_lib.META_KEY: span.to_meta()}
   if session.alarms is not None:
     meta['alarms'] = session.alarms.state()
   ckpt.save(step, checkpoint.lora_state(session.model),
@@ -573,6 +605,7 @@ def _train(session, ckpt, closing):
       session.kl_coeff = float(meta['kl_coeff'])
     session.alarms.load(meta.get('alarms'))
     logging.info('Resumed from step %d in %s', start, workdir)
+    resume_schedule(session, meta)
   writer = closing.enter_context(
       metrics_lib.closing(metrics_lib.create_writer(workdir, config=config)))
   if start == 0:
