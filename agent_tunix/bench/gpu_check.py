@@ -1,0 +1,474 @@
+r"""The accelerator check's stages: one process runs them in order.
+
+  python -m agent_tunix.bench.gpu_check --out=DIR --shapes=gpu \
+      --tokenizer=.whl/gpu_bundle/tokenizer.model --deadline=EPOCH_SECONDS
+
+launch/gpu_check.sh is the command (it installs the bundle and runs the
+smoke stage first); docs/benchmarks.md says how to run it on a lent GPU.
+
+Stages, in the order they run (most wanted first, so that a short lease
+still yields the headline numbers):
+
+  smoke       imports the training path, prints versions and devices, runs
+              one jitted matmul and one NNX layer on the device.
+  grpo        our GRPO step (bench/grpo_step.py) on the main workload:
+              step, rollout and update seconds, tokens/s, compile apart.
+  mfu         the update's model FLOPs utilisation: the compiler's FLOP
+              count of the update (compiled with one log-prob chunk and one
+              micro-batch, so that no loop hides its trips; times the number
+              of micro-batches) / the update's time / the device's peak.
+  decode      decode tokens/s (bench/decode_speed.py) at three batch sizes,
+              against the HBM bandwidth bound: weights + KV cache bytes read
+              per decode step / the device's published bandwidth.
+  tunix       tunix's GRPOLearner (bench/tunix_step.py) on the main
+              workload: its step time and ours / its.
+  grpo_tools  our GRPO step at the tools preset's shapes.
+  big         our GRPO step of the 1B architecture on the main workload.
+
+Each stage writes DIR/results.json and DIR/results.md when it ends
+(bench/gpu_results.py has the fields). A stage runs under its own time limit
+(`LIMITS_S`, cut to what is left before --deadline): a watchdog thread
+records it as "timeout" and ends the process with exit status 124; the
+script then starts this command again, which goes on with the next stage
+(stages already recorded are not run again). Compiled programs are kept in
+JAX's persistent compilation cache (the script sets its directory), so a
+program compiled by one stage or run is loaded, not compiled, by the next.
+
+Workloads (`--shapes`):
+
+  gpu    gemma3_270m (random weights, bfloat16): main workload 64 prompts x
+         8 completions, 128 prompt + 256 new tokens, micro-batches of 8
+         prompts; tools: configs/gemma3_270m_tools.py's 4 x 8, 424 + 88
+         tokens (single turn); decode batches 16, 64, 256; big:
+         gemma3_1b_pt on the main workload.
+  tiny   configs/tiny.py (2 layers) at a few tokens, for the CPU rehearsal;
+         big: gemma3_270m at the same few tokens.
+
+Times hold for random weights because every completion runs to its full
+length (end tokens are disabled, as in the bench).
+"""
+
+import dataclasses
+import gc
+import importlib
+import importlib.metadata
+import os
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+from absl import app
+from absl import flags
+from absl import logging
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agent_tunix.bench import context
+from agent_tunix.bench import decode_speed
+from agent_tunix.bench import gpu_results
+from agent_tunix.bench import grpo_step
+from agent_tunix.bench import options
+from agent_tunix.bench import records
+from agent_tunix.bench import tunix_step
+from agent_tunix.rl import grpo
+from agent_tunix.tpu import sharding
+
+STAGES = ('smoke', 'grpo', 'mfu', 'decode', 'tunix', 'grpo_tools', 'big')
+# Seconds each stage may take at most (--shapes=gpu); the tiny shapes get
+# the same. See docs/benchmarks.md for how they were estimated.
+LIMITS_S = {'smoke': 90, 'grpo': 180, 'mfu': 75, 'decode': 120,
+            'tunix': 180, 'grpo_tools': 120, 'big': 240}
+# A stage that would get less than this before the deadline is skipped.
+MIN_STAGE_S = 20
+EXIT_TIMEOUT = 124
+# Published dense bf16 peak FLOP/s and HBM bandwidth (bytes/s), by a
+# substring of jax's device_kind; the first match wins.
+DEVICE_PEAKS = (
+    ('H100 PCIe', 756e12, 2.0e12),
+    ('H100 NVL', 835e12, 3.9e12),
+    ('H100', 989e12, 3.35e12),  # SXM5, "NVIDIA H100 80GB HBM3".
+    ('H200', 989e12, 4.8e12),
+    ('GH200', 989e12, 4.0e12),
+    ('A100-SXM4-80GB', 312e12, 2.039e12),
+    ('A100', 312e12, 1.555e12),
+    ('L4', 121e12, 0.3e12),
+)
+# The modules whose versions are printed and recorded.
+VERSIONED = ('jax', 'jaxlib', 'jax-cuda13-plugin', 'jax-cuda12-plugin',
+             'flax', 'optax', 'orbax-checkpoint', 'google-tunix', 'qwix',
+             'grain', 'clu', 'ml-collections', 'numpy', 'protobuf',
+             'tensorstore', 'sentencepiece', 'tensorboard')
+
+FLAGS = flags.FLAGS
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """One GRPO workload: the config file and what is changed in it."""
+
+  config_file: str
+  preset: str
+  batch_size: int
+  num_generations: int
+  prompt_length: int
+  generation_length: int
+  micro_batch_size: int
+  dtype: str
+
+
+WORKLOADS = {
+    'gpu': {
+        'main': Workload('gemma3_270m', 'gemma3_270m', 64, 8, 128, 256, 8,
+                         'bfloat16'),
+        'tools': Workload('gemma3_270m_tools', 'gemma3_270m', 4, 8, 424, 88,
+                          1, 'bfloat16'),
+        'big': Workload('gemma3_270m', 'gemma3_1b_pt', 64, 8, 128, 256, 8,
+                        'bfloat16'),
+    },
+    'tiny': {
+        'main': Workload('tiny', 'tiny', 2, 2, 32, 8, 1, 'float32'),
+        'tools': Workload('tiny', 'tiny', 2, 4, 48, 8, 1, 'float32'),
+        'big': Workload('tiny', 'gemma3_270m', 1, 2, 32, 4, 1, 'float32'),
+    },
+}
+DECODE_BATCH_SIZES = {'gpu': (16, 64, 256), 'tiny': (1, 4)}
+# Timed steps after context.WARMUP_STEPS untimed ones.
+TIMED_STEPS = 2
+
+
+def versions():
+  """{distribution: version} of `VERSIONED` that are installed."""
+  found = {}
+  for name in VERSIONED:
+    try:
+      found[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      pass
+  return found
+
+
+def device_peaks():
+  """(peak FLOP/s, HBM bytes/s, source) of device 0.
+
+  Published figures for a known accelerator; on a CPU (the rehearsal) the
+  large-matmul rate and read bandwidth measured here, marked 'measured'.
+  """
+  kind = jax.devices()[0].device_kind
+  for name, flops, bandwidth in DEVICE_PEAKS:
+    if name in kind:
+      return flops, bandwidth, f'published ({name})'
+  flops, _ = decode_speed.matmul_flops_per_s(jnp.float32)
+  bandwidth, _ = decode_speed.memory_bandwidth('read')
+  return flops, bandwidth, f'measured on {kind}'
+
+
+def workload_config(workload, tokenizer):
+  """The benchmark config of a `Workload`: random weights, no end tokens."""
+  if options.REPO_ROOT not in sys.path:
+    sys.path.insert(0, options.REPO_ROOT)
+  config = importlib.import_module(
+      f'configs.{workload.config_file}').get_config()
+  m, gen = config.model, config.generation
+  m.source, m.preset, m.dtype = 'random', workload.preset, workload.dtype
+  m.tokenizer_path = tokenizer
+  config.agent.tools = ''  # Single-turn completions at the preset's shapes.
+  gen.stop_sequences = ''
+  gen.max_prompt_length = workload.prompt_length
+  gen.max_generation_steps = workload.generation_length
+  gen.kv_cache_size = workload.prompt_length + workload.generation_length
+  config.eval.max_generation_steps = workload.generation_length
+  config.training.batch_size = workload.batch_size
+  config.training.micro_batch_size = workload.micro_batch_size
+  config.grpo.num_generations = workload.num_generations
+  config.data.num_eval_examples = 2
+  config.eval.batch_size = 2
+  config.eval.pass_at_k = 0
+  return config
+
+
+class Check:
+  """Runs the stages into one results directory."""
+
+  def __init__(self, out, shapes, tokenizer, deadline):
+    self.out = out
+    self.shapes = shapes
+    self.tokenizer = tokenizer
+    self.deadline = deadline
+    self.workloads = WORKLOADS[shapes]
+    self._lock = threading.Lock()
+    self._stage = None
+    self._workdir = tempfile.mkdtemp(prefix='gpu_check_')
+    options.STEPS.value = TIMED_STEPS
+
+  # --------------------------------------------------------- bookkeeping
+
+  def _record(self, stage, status, start, reason=None, fields=None,
+              **details):
+    with self._lock:
+      if self._stage != stage:  # The watchdog has recorded it already.
+        return
+      gpu_results.record(self.out, stage, status,
+                         round(time.time() - start, 2), reason, fields,
+                         **details)
+      self._stage = None
+    logging.info('stage %s: %s (%.1f s)%s', stage, status,
+                 time.time() - start, f': {reason}' if reason else '')
+
+  def _timeout(self, stage, start, limit):
+    with self._lock:
+      if self._stage != stage:
+        return
+      gpu_results.record(
+          self.out, stage, 'timeout', round(time.time() - start, 2),
+          f'stopped at its limit of {limit:.0f} s')
+      self._stage = None
+    logging.error('stage %s: stopped at its limit of %.0f s', stage, limit)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_TIMEOUT)  # pylint: disable=protected-access
+
+  def run(self, stages, rerun=False):
+    """Runs `stages` that have no outcome yet (all with `rerun`)."""
+    done = gpu_results.load(self.out)['stages']
+    for stage in stages:
+      if stage in done and not rerun:
+        continue
+      start = time.time()
+      limit = min(LIMITS_S[stage], self.deadline - start)
+      if limit < MIN_STAGE_S:
+        gpu_results.record(
+            self.out, stage, 'skipped', 0.0,
+            f'{max(0.0, self.deadline - start):.0f} s left before the '
+            f'deadline (a stage needs {MIN_STAGE_S})')
+        continue
+      gpu_results.start(self.out, stage)
+      self._stage = stage
+      watchdog = threading.Timer(limit, self._timeout, (stage, start, limit))
+      watchdog.daemon = True
+      watchdog.start()
+      try:
+        fields, details = getattr(self, f'stage_{stage}')()
+        self._record(stage, 'ok', start, fields=fields, **details)
+      except records.Skipped as e:
+        self._record(stage, 'skipped', start, str(e))
+      except Exception as e:  # pylint: disable=broad-except
+        logging.error('stage %s failed:\n%s', stage, traceback.format_exc())
+        self._record(stage, 'error', start, f'{type(e).__name__}: {e}',
+                     traceback=traceback.format_exc()[-4000:])
+      finally:
+        watchdog.cancel()
+        gc.collect()
+        jax.clear_caches()
+
+  def _context(self, name):
+    config = workload_config(self.workloads[name], self.tokenizer)
+    return context.build_context(config, self._workdir)
+
+  def _ours(self, name):
+    """Our GRPO step on workload `name`: (side, workload settings)."""
+    ctx = self._context(name)
+    side = grpo_step.ours_grpo(ctx)
+    settings = ctx.settings
+    del ctx
+    return side, settings
+
+  # -------------------------------------------------------------- stages
+
+  def stage_smoke(self):
+    found = versions()
+    devices = jax.devices()
+    print('versions:', ' '.join(f'{k}={v}' for k, v in found.items()))
+    print('devices:', devices)
+    x = jnp.ones((256, 256), jnp.bfloat16)
+    total = float(jax.jit(lambda a: (a @ a).sum())(x))
+    if total != 256.0**3:
+      raise RuntimeError(f'A 256x256 matmul of ones summed to {total}.')
+    layer = nnx.Linear(8, 4, rngs=nnx.Rngs(0))
+    if layer(jnp.ones((2, 8))).shape != (2, 4):
+      raise RuntimeError('An NNX Linear layer gave the wrong shape.')
+    fields = {
+        'device': devices[0].device_kind,
+        'platform': jax.default_backend(),
+        'jax_version': jax.__version__,
+        'shapes': self.shapes,
+        'versions': found,
+    }
+    return fields, {'devices': [str(d) for d in devices]}
+
+  def stage_grpo(self):
+    side, settings = self._ours('main')
+    parts = side['breakdown_s']
+    fields = {
+        'grpo_step_s': side['median_s'],
+        'rollout_s': parts['rollout'],
+        'update_s': parts['update'],
+        'compile_s': side['compile_s'],
+        'tokens_per_s': side['tokens_per_s'],
+    }
+    return fields, {'workload': settings, 'ours': side}
+
+  def stage_grpo_tools(self):
+    side, settings = self._ours('tools')
+    return {}, {'workload': settings, 'ours': side}
+
+  def stage_big(self):
+    side, settings = self._ours('big')
+    return {'big_step_s': side['median_s']}, {'workload': settings,
+                                              'ours': side}
+
+  def stage_tunix(self):
+    ctx = self._context('main')
+    side = tunix_step.tunix_grpo(ctx)
+    ours = gpu_results.load(self.out).get('grpo_step_s')
+    ratio = ours / side['median_s'] if ours and side['median_s'] else None
+    fields = {'tunix_step_s': side['median_s'], 'step_ratio_vs_tunix': ratio}
+    return fields, {'workload': ctx.settings, 'tunix': side}
+
+  def stage_decode(self):
+    ctx = self._context('main')
+    peak_flops, bandwidth, source = device_peaks()
+    del peak_flops
+    options.DECODE_PROMPT_LENGTH.value = ctx.config.generation.max_prompt_length
+    per_batch = {}
+    for measurement in decode_speed.decode_measurements(
+        ctx, DECODE_BATCH_SIZES[self.shapes]):
+      s, ours = measurement['settings'], measurement['ours']
+      bound = s['batch_size'] * bandwidth / s['bytes_per_step']
+      per_batch[str(s['batch_size'])] = {
+          'tokens_per_s': ours['tokens_per_s'],
+          'bound_tokens_per_s': bound,
+          'bound_fraction': ours['tokens_per_s'] / bound,
+          'bytes_per_step': s['bytes_per_step'],
+          'weight_bytes': s['weight_bytes'],
+          'kv_cache_bytes': s['kv_cache_bytes'],
+          'decode_steps': s['decode_steps'],
+          'prefill_s': ours['prefill_median_s'],
+          'fraction_of_measured_copy_bound': ours['fraction_of_bound'],
+      }
+    largest = per_batch[str(max(DECODE_BATCH_SIZES[self.shapes]))]
+    fields = {'decode_tokens_per_s': largest['tokens_per_s'],
+              'decode_bound_fraction': largest['bound_fraction']}
+    return fields, {'bandwidth_bytes_per_s': bandwidth,
+                    'bandwidth_source': source, 'batches': per_batch}
+
+  def stage_mfu(self):
+    ctx = self._context('main')
+    config, session = ctx.config, ctx.session
+    model, optimizer, hp = session.model, session.optimizer, session.hp
+    batch = synthetic_update(ctx)
+    flops, micro_batches = update_flops(ctx, batch)
+    jax.block_until_ready(grpo.train_step(model, optimizer, batch, hp))
+    times = []
+    for _ in range(max(3, TIMED_STEPS)):
+      t0 = records.now()
+      jax.block_until_ready(grpo.train_step(model, optimizer, batch, hp))
+      times.append(records.now() - t0)
+    update_s = records.median(times)
+    peak, _, source = device_peaks()
+    mfu = flops / update_s / peak
+    return {'update_mfu': mfu}, {
+        'update_flops': flops, 'update_s': update_s, 'steps_s': times,
+        'micro_batches': micro_batches, 'peak_flops_per_s': peak,
+        'peak_source': source, 'model_dtype': config.model.dtype,
+    }
+
+
+def synthetic_update(ctx):
+  """An update batch of the workload's shapes, sharded on the mesh.
+
+  The update's time and FLOPs depend on shapes only: full prompts and
+  completions, random tokens and advantages.
+  """
+  config = ctx.config
+  gen, g, t = config.generation, config.grpo, config.training
+  rows = t.batch_size * g.num_generations
+  length = gen.max_prompt_length + gen.max_generation_steps
+  rng = np.random.default_rng(0)
+  vocab = ctx.tokenizer.get_piece_size()
+  rewards = rng.random(rows, dtype=np.float32)
+  tokens = rng.integers(4, vocab, (rows, length), dtype=np.int32)
+  # The G rows of a group share their prompt, as in a rollout's batch.
+  prompts = tokens[::g.num_generations, :gen.max_prompt_length]
+  tokens[:, :gen.max_prompt_length] = np.repeat(prompts, g.num_generations, 0)
+  update = {
+      'tokens': tokens,
+      'input_mask': np.ones((rows, length), bool),
+      'completion_mask': np.ones((rows, gen.max_generation_steps),
+                                 np.int32),
+      'advantages': rewards - rewards.mean(),
+  }
+  grpo.set_optional_inputs(update, config, rewards, ctx.session.hp.beta)
+  batch = sharding.shard_batch(update, ctx.mesh)
+  if ctx.session.hp.needs_reference:
+    batch['ref_logps'] = jax.block_until_ready(
+        grpo.reference_logps(ctx.session.model, batch, ctx.session.hp))
+  return batch
+
+
+def update_flops(ctx, batch):
+  """(the compiler's FLOP count of one update, number of micro-batches).
+
+  XLA counts a loop's body once, whatever its trip count; the update loops
+  over micro-batches and, inside, over log-prob chunks. So the count is
+  taken from the update of one micro-batch with the whole sequence as one
+  chunk (no rematerialised logits either: model FLOPs), times the number of
+  micro-batches. Compiled only, never run.
+  """
+  session = ctx.session
+  hp = session.hp
+  rows = batch['tokens'].shape[0]
+  micro_rows = hp.micro_batch_size or rows
+  length = batch['tokens'].shape[1]
+  one = dataclasses.replace(hp, chunk_size=length, micro_batch_size=0)
+  micro = {k: v[:micro_rows] if getattr(v, 'ndim', 0) and
+           v.shape[0] == rows else v for k, v in batch.items()}
+  graphdefs, arrays = grpo.train_step_inputs(session.model, session.optimizer)
+  compiled = grpo.TRAIN_STEP(graphdefs).lower(*arrays, micro,
+                                              hp=one).compile()
+  cost = compiled.cost_analysis()
+  cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+  flops = float(cost.get('flops', 0.0))
+  if flops <= 0:
+    raise RuntimeError('The compiler reported no FLOP count for the update.')
+  return flops * (rows // micro_rows), rows // micro_rows
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  stages = [s.strip() for s in FLAGS.stages if s.strip()]
+  unknown = sorted(set(stages) - set(STAGES))
+  if unknown:
+    raise app.UsageError(f'--stages has unknown {unknown}; choose from '
+                         f'{",".join(STAGES)}.')
+  if not os.path.exists(FLAGS.tokenizer):
+    raise app.UsageError(
+        f'--tokenizer={FLAGS.tokenizer} does not exist (the bundle has it: '
+        'bash launch/gpu_check.sh --bundle=DIR).')
+  deadline = FLAGS.deadline or time.time() + sum(LIMITS_S.values())
+  check = Check(FLAGS.out, FLAGS.shapes, os.path.abspath(FLAGS.tokenizer),
+                deadline)
+  check.run([s for s in STAGES if s in stages], rerun=FLAGS.rerun)
+  results = gpu_results.load(FLAGS.out)
+  print(gpu_results.markdown(results))
+  if stages == ['smoke'] and results['stages']['smoke']['status'] != 'ok':
+    sys.exit(1)
+
+
+if __name__ == '__main__':
+  flags.DEFINE_string('out', None, 'Results directory.', required=True)
+  flags.DEFINE_enum('shapes', 'gpu', list(WORKLOADS),
+                    'gpu: the real workloads; tiny: the CPU rehearsal.')
+  flags.DEFINE_string('tokenizer', '.whl/gpu_bundle/tokenizer.model',
+                      'The SentencePiece model (in the bundle).')
+  flags.DEFINE_list('stages', list(STAGES), 'Stages to run, in their order.')
+  flags.DEFINE_bool('rerun', False,
+                    'Run the stages even when DIR has their outcome.')
+  flags.DEFINE_float('deadline', 0.0,
+                     'Unix time by which every stage must have ended; 0 = '
+                     'now + the sum of the stage limits.')
+  app.run(main)
