@@ -14,8 +14,9 @@
 #   ~/agent_tunix_venv/bin/python -m agent_tunix.main --multihost \
 #     --config=... --workdir=... [--config.FIELD=VALUE ...] [MORE_TRAINER_FLAGS]
 # with its output appended to ~/agent_tunix_logs/worker_N.log (N is the
-# worker number). Override values are passed through exactly, whatever
-# characters they hold.
+# worker number), which is also copied to <workdir>/logs/worker_N.log every
+# 30 seconds and when the trainer exits. Override values are passed through
+# exactly, whatever characters they hold.
 #
 # The workdir should be on gs://: all workers write the same checkpoints
 # there, and a run started again with the same --workdir (after a preemption,
@@ -234,6 +235,13 @@ trainer+=" $(quote_all "--config=$config" "--workdir=$workdir")"
 if ((${#trainer_args[@]})); then
   trainer+=" $(quote_all "${trainer_args[@]}")"
 fi
+# Beside it, the log mirror copies the worker's log to
+# <workdir>/logs/worker_N.log every 30 s and, after the trainer's last line
+# ("exited with status"), once more before it exits
+# (agent_tunix/run/log_mirror.py): the log outlives the VM.
+mirror="$REMOTE_VENV/bin/python -m agent_tunix.run.log_mirror"
+mirror+=" --log=\"\$log\" $(quote "--workdir=$workdir") --worker=\"\$worker\""
+mirror+=" '--done_marker=exited with status'"
 # shellcheck disable=SC2016  # expanded by the worker, not here
 worker_script=(
   '#!/bin/bash'
@@ -244,10 +252,13 @@ worker_script=(
 '"$url/agent-worker-number" || hostname)}"'
   "log=$REMOTE_LOGS/worker_\$worker.log"
   'echo "=== $(date -u +%FT%TZ) worker $worker on $(hostname)" | tee -a "$log"'
+  "( cd $REMOTE_CODE && exec $mirror ) >> \"\$log\" 2>&1 &"
+  'mirror=$!'
   "( echo \"\$BASHPID\" > $REMOTE_LOGS/pid; cd $REMOTE_CODE && exec $trainer )"\
 ' 2>&1 | tee -ia "$log"'
   'status=${PIPESTATUS[0]}'
   'echo "=== $(date -u +%FT%TZ) exited with status $status" | tee -a "$log"'
+  'wait "$mirror"'
   "rm -f $REMOTE_LOGS/pid"
   'exit "$status"'
 )

@@ -255,11 +255,14 @@ class _Worker:
                           text=True, env=env, cwd=self.home, timeout=60,
                           check=False)
 
-  def python_calls(self):
+  def python_calls(self, module=None):
+    """The fake venv python's calls (only those of `-m module`)."""
     path = self.home / 'python_calls.jsonl'
     if not path.exists():
       return []
-    return [json.loads(l) for l in path.read_text().splitlines()]
+    calls = [json.loads(l) for l in path.read_text().splitlines()]
+    return [c for c in calls
+            if module is None or c['argv'][:2] == ['-m', module]]
 
   def session_running(self, running):
     path = self.home / 'tmux_session'
@@ -667,7 +670,7 @@ def test_run_starts_trainer_with_exact_arguments(sandbox, worker, shell):
   proc = worker.run(_remote_command(result.calls[2]), shell=shell)
   assert proc.returncode == 0, proc.stderr
   assert 'started agent_tunix' in proc.stdout
-  (call,) = worker.python_calls()
+  (call,) = worker.python_calls('agent_tunix.main')
   assert call['argv'] == [
       '-m', 'agent_tunix.main', '--multihost',
       '--config=configs/gemma3_1b.py', '--workdir=gs://b/run',
@@ -679,6 +682,22 @@ def test_run_starts_trainer_with_exact_arguments(sandbox, worker, shell):
   assert not (worker.home / 'agent_tunix_logs' / 'pid').exists()
   assert 'new-session -d -s agent_tunix' in (
       worker.home / 'tmux.log').read_text()
+
+
+def test_run_mirrors_the_worker_log_to_the_workdir(sandbox, worker):
+  workdir = "gs://b/it's a run"
+  result = sandbox.run('run.sh', '--config=configs/gemma3_1b.py',
+                       f'--workdir={workdir}')
+  assert result.rc == 0, result.err
+  proc = worker.run(_remote_command(result.calls[2]))
+  assert proc.returncode == 0, proc.stderr
+  (call,) = worker.python_calls('agent_tunix.run.log_mirror')
+  log = worker.home / 'agent_tunix_logs' / 'worker_3.log'
+  assert call['argv'] == ['-m', 'agent_tunix.run.log_mirror', f'--log={log}',
+                          f'--workdir={workdir}', '--worker=3',
+                          '--done_marker=exited with status']
+  assert 'exited with status 0' in log.read_text()
+  assert call['cwd'] == str(worker.home / 'agent_tunix')
 
 
 def test_run_dry_run_quoting_round_trips(sandbox):
