@@ -15,7 +15,8 @@ Every command (`python -m agent_tunix.main`, `evaluate`, `generate`,
                 checkpointed and stopped on (rerun to resume), a compile
                 the kernel killed for host memory (preflight).
 
-The launch/*.sh scripts use the same numbers (docs/tpu.md). `run(main)` is
+The launch/*.sh scripts use the same numbers (README.md, Exit statuses,
+says it once for users). `run(main)` is
 `app.run(main)` with absl's behaviours that break this turned around: its
 flag parser prints a traceback for a misspelled config field and exits 1;
 `app.UsageError` prints the whole usage text and exits 1; `--help` exits 1,
