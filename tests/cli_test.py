@@ -1,7 +1,9 @@
 """Tests for agent_tunix.cli: every command's --help exits 0."""
 
 import os
+import json
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -149,3 +151,31 @@ def test_unknown_field_message_needs_an_override_naming_it():
   assert cli.unknown_field_message(
       KeyError('nope'), ['p', '--config.x.nope.y=1']) == (
           "--config.x.nope.y: config.x has no field 'nope'")
+
+
+_SIGNALLED = []
+
+
+def sigterm_once(prompts, completions, **unused):
+  """A reward that sends its own process SIGTERM once (a preemption)."""
+  del prompts, unused
+  if not _SIGNALLED:
+    _SIGNALLED.append(True)
+    os.kill(os.getpid(), signal.SIGTERM)
+  return [0.0] * len(completions)
+
+
+def test_a_run_stopped_by_sigterm_exits_3_after_its_checkpoint(tmp_path):
+  out = subprocess.run(
+      [sys.executable, '-m', 'agent_tunix.main', '--config=configs/tiny.py',
+       f'--workdir={tmp_path / "run"}', '--config.training.num_steps=3',
+       '--config.eval.pass_at_k=0',
+       '--config.rewards.functions=answer=1,cli_test:sigterm_once=1'],
+      cwd=_REPO, capture_output=True, text=True, timeout=600, check=False,
+      env=dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=os.pathsep.join(
+          [str(_REPO), str(_REPO / 'tests')])))
+  assert out.returncode == 3, out.stderr[-3000:]
+  assert json.loads(out.stdout.splitlines()[-1])['preempted'] is True
+  assert out.stderr.strip().splitlines()[-1].startswith(
+      'stopped after step 1 by a signal (SIGTERM or Ctrl-C), with a '
+      'checkpoint of that step in --workdir')
