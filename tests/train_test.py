@@ -36,7 +36,8 @@ _PER_STEP_SCALARS = (
     'frac_reward_zero_std', 'completion/mean_length',
     'completion/clipped_ratio', 'loss', 'kl', 'clip_ratio', 'entropy',
     'grad_norm', 'learning_rate', 'time/rollout_s', 'time/update_s',
-    'tokens_per_s', 'sampler/logp_abs_diff', 'alarm/entropy_collapse',
+    'tokens_per_s', 'storage/retries', 'sampler/logp_abs_diff',
+    'alarm/entropy_collapse',
     'alarm/zero_reward_spread', 'alarm/length_limit', 'kl_coeff',
 )
 _EVAL_SCALARS = (

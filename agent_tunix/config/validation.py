@@ -10,6 +10,7 @@ import os
 import tempfile
 
 from agent_tunix import rewards
+from agent_tunix import storage
 from agent_tunix.agent import environment
 from agent_tunix.agent import formats
 from agent_tunix.agent import tools
@@ -179,12 +180,12 @@ def _check_data_files(config, names, splits):
     _require(
         bool(path),
         f"config.data.source uses '{name}', which reads config.data.path; "
-        f'set it to a local {name} file.',
+        f'set it to a {name} file (local or gs://).',
     )
     files = dict.fromkeys(pipeline.split_path(path, s) for s in splits)
     for file in files:
       _require(
-          os.path.isfile(file),
+          storage.exists(file) and not storage.path(file).is_dir(),
           f'config.data.path: no {name} file at {file!r}; check the path.',
       )
 

@@ -14,10 +14,11 @@ without '####' are kept whole (stripped).
 """
 
 import json
-import os
 import re
 
 from absl import logging
+
+from agent_tunix import storage
 
 
 class DataError(ValueError):
@@ -147,7 +148,7 @@ def load_hf(split, limit=0):
 def read_jsonl(path):
   """Returns ([row, ...], ['line N', ...])."""
   rows, where = [], []
-  with open(path, encoding='utf-8') as f:
+  with storage.open_file(path, 'r', encoding='utf-8') as f:
     for line_number, line in enumerate(f, start=1):
       if not line.strip():
         continue
@@ -166,7 +167,8 @@ def read_parquet(path):
   """Returns ([row, ...], ['row N', ...])."""
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
 
-  rows = pq.read_table(path).to_pylist()
+  with storage.open_file(path, 'rb') as f:
+    rows = pq.read_table(f).to_pylist()
   return rows, [f'row {i}' for i in range(len(rows))]
 
 
@@ -214,10 +216,10 @@ def load_file(path, file_format='jsonl', prompt_column='question',
     )
   if not path:
     raise ValueError(
-        f"data.source '{file_format}' needs data.path set to a local "
-        f'{file_format} file.'
+        f"data.source '{file_format}' needs data.path set to a "
+        f'{file_format} file (local or gs://).'
     )
-  if not os.path.exists(path):
+  if not storage.exists(path):
     raise FileNotFoundError(
         f'No {file_format} file at data.path={path!r}; check the path.'
     )

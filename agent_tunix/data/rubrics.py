@@ -21,11 +21,11 @@ item describes), or 1. A rubric row is {'question', 'answer': '',
 
 import json
 import math
-import os
 import re
 
 from absl import logging
 
+from agent_tunix import storage
 from agent_tunix.data import gsm8k
 
 CATEGORIES = ('essential', 'important', 'optional', 'pitfall', 'hard_rule',
@@ -235,7 +235,7 @@ def load_file(path, file_format='jsonl', limit=0, bad_rows='error',
   if file_format not in readers:
     raise ValueError(f'Unknown file format {file_format!r}; expected one of '
                      f'{sorted(readers)}.')
-  if not os.path.exists(path):
+  if not storage.exists(path):
     raise FileNotFoundError(
         f'No {file_format} file at data.path={path!r}; check the path.')
   rows, where = readers[file_format](path)

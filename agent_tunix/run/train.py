@@ -62,6 +62,7 @@ from agent_tunix.run import judging
 from agent_tunix.run import lock as run_lock
 from agent_tunix.run import resolved_config
 from agent_tunix.run import schedule as schedule_lib
+from agent_tunix.storage import retries as storage_retries
 from agent_tunix.tpu import sharding
 
 
@@ -663,6 +664,8 @@ def _train(session, ckpt, closing):
       scalars['time/rollout_s'] = t1 - t0
       scalars['time/update_s'] = t2 - t1
       scalars['tokens_per_s'] = gen_tokens / (t2 - t0)
+      # Retries of the storage clients so far (429/5xx/lost connections).
+      scalars['storage/retries'] = float(storage_retries.count())
       scalars.update(judging.step_scalars(session, t2 - t0))
       divergence.check_scalars(step, scalars, config, ckpt)
       scalars.update(session.alarms.update(step, scalars))
