@@ -25,7 +25,7 @@ import sys
 from absl import flags
 from absl import logging
 
-from agent_tunix import cli
+from agent_tunix import cli as cli_lib
 from agent_tunix import rewards
 from agent_tunix import storage
 from agent_tunix.config import validation
@@ -105,6 +105,6 @@ def cli(main):
       sys.stderr.write(f'error: {shown}\n')
       sys.stderr.flush()
       config_error = full is None and isinstance(e, validation.ConfigError)
-      sys.exit(cli.USAGE if config_error else cli.FAILED)
+      sys.exit(cli_lib.USAGE if config_error else cli_lib.FAILED)
 
   return wrapped
