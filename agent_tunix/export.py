@@ -968,11 +968,11 @@ def check_output(output, fmt, overwrite):
   if not output:
     raise ExportError('--output is empty; name the file or directory to '
                       'write.')
-  if output.startswith('gs://'):
-    raise ExportError(
-        f'--output={output!r}: exports are written to local paths only; '
-        'copy the result to GCS afterwards (gsutil cp -r).'
-    )
+  if storage.is_remote(output):
+    if storage.exists(output) and not overwrite:
+      raise ExportError(
+          f'{output!r} already exists; pass --overwrite to replace it.')
+    return
   if not os.path.lexists(output):
     return
   if not overwrite:
@@ -1009,8 +1009,31 @@ def check_output(output, fmt, overwrite):
 
 
 @contextlib.contextmanager
+def _staged_remote(output, fmt, overwrite):
+  """Yields a local temporary path; uploads it to `output` (gs://) after."""
+  check_output(output, fmt, overwrite)
+  with tempfile.TemporaryDirectory(prefix='agent_tunix_export_') as staging:
+    target = os.path.join(staging, os.path.basename(output.rstrip('/')))
+    if fmt != 'gguf':
+      os.mkdir(target)
+    yield target
+    check_output(output, fmt, overwrite)
+    old = storage.path(output)
+    if old.exists():
+      if old.is_dir():
+        old.rmtree()
+      else:
+        old.unlink()
+    storage.upload(target, output)
+
+
+@contextlib.contextmanager
 def _staged(output, fmt, overwrite):
   """Yields a temporary path next to `output`; renames it into place."""
+  if storage.is_remote(output):
+    with _staged_remote(output, fmt, overwrite) as target:
+      yield target
+    return
   check_output(output, fmt, overwrite)
   output = os.path.abspath(output)
   parent = os.path.dirname(output)
@@ -1072,7 +1095,8 @@ def export(model, tokenizer, config, fmt, output, overwrite=False, step=None,
       write_merged(target, model, tokenizer, config, dtype, step)
     else:
       write_gguf(target, model, tokenizer, config, gguf_dtype, step)
-  output = os.path.abspath(output)
+  if not storage.is_remote(output):
+    output = os.path.abspath(output)
   logging.info('Exported %s to %s', fmt, output)
   return output
 

@@ -38,8 +38,10 @@ import pytest
 import safetensors.numpy
 import sentencepiece as spm
 
+import gcs_emulator
 from agent_tunix import export
 from agent_tunix import generate
+from agent_tunix import storage
 from agent_tunix.data import prompts
 from agent_tunix.models import gemma
 from agent_tunix.models import gguf as gguf_lib
@@ -417,6 +419,22 @@ def test_peft_adapter_in_peft(run, policy, peft_dir, tmp_path):
     got = adapted(input_ids=torch.tensor(run.tokens),
                   use_cache=False).logits.numpy()
   _assert_same_logits(got, run)
+
+
+def test_export_to_gcs_uploads_the_same_files(run, policy, peft_dir,
+                                              monkeypatch):
+  model, tokenizer, step = policy
+  with gcs_emulator.emulator('agent-tunix-export') as gcs:
+    monkeypatch.setenv('STORAGE_EMULATOR_HOST', gcs.url)
+    output = f'gs://{gcs.bucket}/exports/peft'
+    assert export.export(model, tokenizer, run.config, 'peft', output,
+                         step=step) == output
+    for name in sorted(os.listdir(peft_dir)):
+      with open(os.path.join(peft_dir, name), 'rb') as f:
+        assert storage.read_bytes(f'{output}/{name}') == f.read(), name
+    assert len(gcs.list('exports/peft/')) == len(os.listdir(peft_dir))
+    with pytest.raises(export.ExportError, match='already exists'):
+      export.export(model, tokenizer, run.config, 'peft', output, step=step)
 
 
 def test_peft_needs_lora(run, policy, tmp_path):
