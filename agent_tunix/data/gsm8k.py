@@ -13,6 +13,7 @@ value is kept, with thousands separators and whitespace removed. Answers
 without '####' are kept whole (stripped).
 """
 
+import importlib.util
 import json
 import re
 
@@ -97,6 +98,11 @@ def load_tfds(split, data_dir=None, limit=0):
     RuntimeError: if TFDS cannot load (e.g. no network to download it).
   """
   tfds_split = _gsm8k_split(split)
+  if importlib.util.find_spec('tensorflow') is None:
+    raise DataError(
+        "data.source='gsm8k_tfds' reads GSM8K through TensorFlow Datasets, "
+        'which needs TensorFlow (not installed by requirements.txt): pip '
+        "install tensorflow-cpu==2.21.0, or use data.source='gsm8k_hf'.")
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   if limit:
