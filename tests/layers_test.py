@@ -10,8 +10,8 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PACKAGE = os.path.join(_REPO, 'agent_tunix')
 
 # Top to bottom. A module may import from its own layer and any layer after
-# it. Top-level modules (the commands, the notebook API and cli) and bench
-# are the command layer.
+# it. Top-level modules (the commands and the notebook API) and bench are
+# the command layer; cli is the lowest.
 LAYERS = (
     ('commands', ('', 'bench')),
     ('run', ('run',)),
@@ -21,6 +21,10 @@ LAYERS = (
     ('rl', ('rl',)),
     ('bottom', ('agent', 'data', 'models', 'rewards', 'tpu')),
     ('storage', ('storage',)),
+    # cli.py: the exit statuses and the absl wrapper every program uses
+    # (the trainer's error reporting and the worker log mirror included);
+    # it imports nothing of agent_tunix, which this layer enforces.
+    ('process', ('cli',)),
 )
 _RANK = {pkg: rank for rank, (_, pkgs) in enumerate(LAYERS) for pkg in pkgs}
 
@@ -29,6 +33,8 @@ def _package_of(module):
   """'agent_tunix.rl.grpo' -> 'rl'; 'agent_tunix.main' -> ''."""
   parts = module.split('.')
   assert parts[0] == 'agent_tunix', module
+  if module == 'agent_tunix.cli':
+    return 'cli'
   if len(parts) >= 3:
     return parts[1]
   # agent_tunix.X: a subpackage if X is a folder, else a top-level module.
