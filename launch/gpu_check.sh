@@ -27,6 +27,9 @@
 #   versions installed here), the bundle installed on top with --no-deps
 #   --target, then --out. Under 10 minutes on 2 cores.
 #
+# --stages=a,b runs only those stages (a second call on a warm machine);
+# --shapes=tiny runs the rehearsal's workloads with --out.
+#
 # Exit status: 0 when no stage failed (a stage stopped at its limit or
 # skipped for lack of time is not a failure), 1 when one did or the smoke
 # test failed, 2 for bad arguments.
@@ -62,6 +65,7 @@ for arg in "$@"; do
     --python_tag=*) PYTHON_TAG="${arg#*=}" ;;
     --budget_s=*) BUDGET_S="${arg#*=}" ;;
     --stages=*) STAGES="${arg#*=}" ;;
+    --shapes=*) SHAPES="${arg#*=}" ;;
     -h|--help) usage ;;
     *) echo "gpu_check.sh: unknown argument $arg" >&2; usage ;;
   esac

@@ -20,6 +20,7 @@ results.json:
     "tokens_per_s",               # our GRPO step, the main workload
     "decode_tokens_per_s",        # at the largest decode batch measured
     "decode_bound_fraction",      # of the HBM bandwidth bound, same batch
+    "decode_batches": {batch size: {"tokens_per_s", "bound_fraction", ...}},
     "update_mfu",                 # compiler FLOPs / update time / peak
     "tunix_step_s", "step_ratio_vs_tunix",   # ours / tunix's step time
     "big_step_s",                 # the 1B architecture's step
@@ -88,6 +89,13 @@ def record(out, stage, status, seconds=None, reason=None, fields=None,
     results[key] = value
   save(out, results)
   return results
+
+
+def update(out, fields):
+  """Sets headline (or other top-level) fields before a stage has ended."""
+  results = load(out)
+  results.update(fields)
+  save(out, results)
 
 
 def start(out, stage):
