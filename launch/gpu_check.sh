@@ -140,6 +140,12 @@ run_check() {
   export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
   export PYTHONUNBUFFERED=1
   log "python: $("$PY" -c 'import sys; print(sys.version, sys.executable)')"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+    # The machine is ours alone: let JAX take more than its default 75%.
+    : "${XLA_PYTHON_CLIENT_MEM_FRACTION:=.9}"
+    export XLA_PYTHON_CLIENT_MEM_FRACTION
+  fi
   install_bundle
   log "import smoke test with the machine's packages"
   if ! smoke; then

@@ -37,9 +37,11 @@ program compiled by one stage or run is loaded, not compiled, by the next.
 Workloads (`--shapes`):
 
   gpu    gemma3_270m (random weights, bfloat16): main workload 64 prompts x
-         8 completions, 128 prompt + 256 new tokens, micro-batches of 8
-         prompts; tools: configs/gemma3_270m_tools.py's 4 x 8, 424 + 88
-         tokens (single turn); decode batches 16, 64, 256; big:
+         8 completions, 128 prompt + 256 new tokens, micro-batches of 4
+         prompts (tunix's log-probs take a micro-batch's whole [rows,
+         length, vocab] logits: for 32 rows 6.4 GB in bfloat16, 13 GB cast
+         to float32); tools: configs/gemma3_270m_tools.py's 4 x 8, 424 +
+         88 tokens (single turn); decode batches 16, 64, 256; big:
          gemma3_1b_pt on the main workload.
   tiny   configs/tiny.py (2 layers) at a few tokens, for the CPU rehearsal;
          big: gemma3_270m at the same few tokens.
@@ -91,8 +93,8 @@ DEVICE_PEAKS = (
     ('H100 PCIe', 756e12, 2.0e12),
     ('H100 NVL', 835e12, 3.9e12),
     ('H100', 989e12, 3.35e12),  # SXM5, "NVIDIA H100 80GB HBM3".
-    ('H200', 989e12, 4.8e12),
     ('GH200', 989e12, 4.0e12),
+    ('H200', 989e12, 4.8e12),
     ('A100-SXM4-80GB', 312e12, 2.039e12),
     ('A100', 312e12, 1.555e12),
     ('L4', 121e12, 0.3e12),
@@ -122,11 +124,11 @@ class Workload:
 
 WORKLOADS = {
     'gpu': {
-        'main': Workload('gemma3_270m', 'gemma3_270m', 64, 8, 128, 256, 8,
+        'main': Workload('gemma3_270m', 'gemma3_270m', 64, 8, 128, 256, 4,
                          'bfloat16'),
         'tools': Workload('gemma3_270m_tools', 'gemma3_270m', 4, 8, 424, 88,
                           1, 'bfloat16'),
-        'big': Workload('gemma3_270m', 'gemma3_1b_pt', 64, 8, 128, 256, 8,
+        'big': Workload('gemma3_270m', 'gemma3_1b_pt', 64, 8, 128, 256, 4,
                         'bfloat16'),
     },
     'tiny': {
@@ -285,8 +287,12 @@ class Check:
     devices = jax.devices()
     print('versions:', ' '.join(f'{k}={v}' for k, v in found.items()))
     print('devices:', devices)
+    if self.shapes == 'gpu' and jax.default_backend() == 'cpu':
+      raise RuntimeError(
+          f'JAX found no accelerator (devices {devices}): its CUDA plugin '
+          'did not load; the log above says why.')
     x = jnp.ones((256, 256), jnp.bfloat16)
-    total = float(jax.jit(lambda a: (a @ a).sum())(x))
+    total = float(jax.jit(lambda a: (a @ a).astype(jnp.float32).sum())(x))
     if total != 256.0**3:
       raise RuntimeError(f'A 256x256 matmul of ones summed to {total}.')
     layer = nnx.Linear(8, 4, rngs=nnx.Rngs(0))
