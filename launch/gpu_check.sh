@@ -135,6 +135,13 @@ run_check() {
   OUT="$(cd "$OUT" && pwd)"
   BUNDLE="$(cd "$BUNDLE" && pwd)"
   cd "$REPO_DIR"
+  local py_tag bundle_tag
+  py_tag="$("$PY" -c 'import sys; print("%d%d" % sys.version_info[:2])')"
+  bundle_tag="$("$PY" -c 'import json, sys
+print(json.load(open(sys.argv[1]))["python_tag"])' "$BUNDLE/bundle.json")"
+  [[ "$py_tag" == "$bundle_tag" ]] || {
+    echo "gpu_check.sh: $BUNDLE holds cp$bundle_tag wheels but $PY is" \
+         "cp$py_tag: rebuild it with --python_tag=$py_tag" >&2; exit 2; }
   export JAX_COMPILATION_CACHE_DIR="$CACHE_DIR"
   export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
   export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0

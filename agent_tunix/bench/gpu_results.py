@@ -71,7 +71,7 @@ def save(out, results):
   """Writes results.json and results.md into `out`."""
   os.makedirs(out, exist_ok=True)
   _write_atomically(os.path.join(out, JSON_NAME),
-                    json.dumps(results, indent=2, sort_keys=False) + '\n')
+                    json.dumps(results, indent=2, default=str) + '\n')
   _write_atomically(os.path.join(out, MARKDOWN_NAME), markdown(results))
 
 
