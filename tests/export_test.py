@@ -422,7 +422,8 @@ def test_peft_adapter_in_peft(run, policy, peft_dir, tmp_path):
 
 
 def test_export_to_gcs_uploads_the_same_files(run, policy, peft_dir,
-                                              monkeypatch):
+                                              merged_dir, monkeypatch,
+                                              tmp_path):
   model, tokenizer, step = policy
   with gcs_emulator.emulator('agent-tunix-export') as gcs:
     monkeypatch.setenv('STORAGE_EMULATOR_HOST', gcs.url)
@@ -435,6 +436,17 @@ def test_export_to_gcs_uploads_the_same_files(run, policy, peft_dir,
     assert len(gcs.list('exports/peft/')) == len(os.listdir(peft_dir))
     with pytest.raises(export.ExportError, match='already exists'):
       export.export(model, tokenizer, run.config, 'peft', output, step=step)
+    # A Hugging Face checkpoint on gs:// loads (copied once into the cache).
+    storage.upload(merged_dir, f'gs://{gcs.bucket}/hf')
+    model_cfg = _model_cfg(run, source='hf', path=f'gs://{gcs.bucket}/hf',
+                           cache_dir=str(tmp_path / 'cache'))
+    loaded = gemma.load_model(model_cfg, run.session.mesh)
+    _assert_same_logits(_forward(loaded, run.tokens), run)
+    assert gemma.load_tokenizer(model_cfg).encode('2 + 3') == (
+        tokenizer.encode('2 + 3'))
+    seen = len(gcs.proxy.requests)
+    gemma.load_model(model_cfg, run.session.mesh)  # From the cache.
+    assert len(gcs.proxy.requests) == seen
 
 
 def test_peft_needs_lora(run, policy, tmp_path):

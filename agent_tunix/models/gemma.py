@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from tunix.models.gemma3 import model as model_lib
 
+from agent_tunix import storage
 from agent_tunix.models import gemma4 as gemma4_lib
 from agent_tunix.models import gemma4_gguf
 from agent_tunix.models import gguf as gguf_lib
@@ -176,6 +177,8 @@ def resolve_path(model_cfg):
   """The weights path for the configured source ('' -> source default)."""
   if model_cfg.source == 'gguf' and not model_cfg.path:
     return gguf_lib.default_path()
+  if model_cfg.source == 'gguf' and storage.is_remote(model_cfg.path):
+    return storage.cached_copy(model_cfg.path, model_cfg.cache_dir)
   return model_cfg.path
 
 
@@ -200,7 +203,7 @@ def load_model(model_cfg, mesh):
       flat = gguf_lib.load_params_cached(path, cfg, model_cfg.cache_dir)
     return place_params(cfg, flat, mesh, path)
   if source == 'hf':
-    return _load_hf(cfg, path, mesh)
+    return _load_hf(cfg, _hf_local_dir(path, model_cfg.cache_dir), mesh)
   if source in ('kaggle', 'orbax'):
     return _load_orbax(cfg, source, path, mesh)
   raise ValueError(
@@ -208,8 +211,11 @@ def load_model(model_cfg, mesh):
   )
 
 
-def _hf_local_dir(path):
-  """A local directory for an HF path or repo id (downloads if allowed)."""
+def _hf_local_dir(path, cache_dir=''):
+  """A local directory for an HF path, a gs:// folder (copied once into
+  the cache) or a repo id (downloads if allowed)."""
+  if storage.is_remote(path):
+    return storage.cached_copy(path, cache_dir)
   if os.path.isdir(path):
     return path
   if os.path.exists(path) or path.startswith(('/', '.')):
@@ -232,7 +238,7 @@ def _hf_local_dir(path):
 
 def _load_hf(cfg, path, mesh):
   """A Hugging Face Gemma 3 or 4 directory of safetensors via tunix's loader."""
-  local = _hf_local_dir(path)
+  local = _hf_local_dir(path)  # Already local: load_model copied it.
   if not any(f.endswith('.safetensors') for f in os.listdir(local)):
     raise FileNotFoundError(
         f'{local!r} has no *.safetensors files; expected a Hugging Face '
@@ -388,17 +394,20 @@ def load_tokenizer(model_cfg):
   gets `tokenizer.JsonTokenizer`.
   """
   source = model_cfg.source
-  if model_cfg.tokenizer_path.endswith('.json'):
-    return tokenizer_lib.JsonTokenizer(model_cfg.tokenizer_path)
-  if model_cfg.tokenizer_path:
-    return tokenizer_lib.load_sentencepiece(model_cfg.tokenizer_path)
+  tokenizer_path = storage.cached_copy(model_cfg.tokenizer_path,
+                                       model_cfg.cache_dir) if (
+                                           model_cfg.tokenizer_path) else ''
+  if tokenizer_path.endswith('.json'):
+    return tokenizer_lib.JsonTokenizer(tokenizer_path)
+  if tokenizer_path:
+    return tokenizer_lib.load_sentencepiece(tokenizer_path)
   if source in ('gguf', 'random'):
     path = resolve_path(model_cfg) if source == 'gguf' else (
         gguf_lib.default_path()
     )
     return tokenizer_lib.load_gguf_tokenizer(path, model_cfg.cache_dir)
   if source == 'hf':
-    local = _hf_local_dir(model_cfg.path)
+    local = _hf_local_dir(model_cfg.path, model_cfg.cache_dir)
     if (not os.path.exists(os.path.join(local, 'tokenizer.model'))
         and os.path.exists(os.path.join(local, 'tokenizer.json'))):
       # Gemma 4's repos ship only tokenizer.json.
@@ -407,6 +416,10 @@ def load_tokenizer(model_cfg):
         os.path.join(local, 'tokenizer.model')
     )
   base = model_cfg.path
+  if storage.is_remote(base):  # An Orbax checkpoint on gs://.
+    return tokenizer_lib.load_sentencepiece(storage.cached_copy(
+        f'{base.rstrip("/").rsplit("/", 1)[0]}/tokenizer.model',
+        model_cfg.cache_dir))
   if source == 'kaggle':
     import kagglehub  # pylint: disable=g-import-not-at-top
     base = kagglehub.model_download(model_cfg.path)

@@ -11,6 +11,7 @@ Modules:
 The bottom layer: it imports nothing else of agent_tunix.
 """
 
+from agent_tunix.storage.files import cached_copy
 from agent_tunix.storage.files import create_exclusive
 from agent_tunix.storage.files import exists
 from agent_tunix.storage.files import glob

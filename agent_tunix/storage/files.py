@@ -200,3 +200,39 @@ def create_exclusive(location, data):
   with os.fdopen(fd, 'wb') as f:
     f.write(data)
   return True
+
+
+_CACHE_DIR = os.path.join('~', '.cache', 'agent_tunix', 'remote')
+
+
+def cached_copy(location, cache_dir=''):
+  """A local copy of a remote file or folder, downloaded once.
+
+  For weights and tokenizers on gs:// that libraries read from local paths
+  (safetensors, SentencePiece, GGUF). The copy lives under
+  `cache_dir/<scheme>/<bucket>/<path>` (default ~/.cache/agent_tunix/remote)
+  and counts only once complete (a `.complete` marker beside it, written
+  last), so an interrupted download is made again. A local path is
+  returned as it is.
+  """
+  if not is_remote(location):
+    return os.fspath(location)
+  scheme, rest = str(location).rstrip('/').split('://', 1)
+  root = os.path.expanduser(cache_dir or _CACHE_DIR)
+  target = os.path.join(root, scheme, *rest.split('/'))
+  marker = f'{target}.complete'
+  if os.path.exists(marker):
+    return target
+  source = path(location)
+  with translated_errors(location):
+    if not source.exists():
+      raise FileNotFoundError(f'No file or folder at {location}.')
+    if os.path.isdir(target):
+      shutil.rmtree(target)
+    elif os.path.exists(target):
+      os.remove(target)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    _download(source, target)
+  with open(marker, 'w') as f:
+    f.write(str(location))
+  return target
