@@ -199,3 +199,19 @@ def test_event_files_on_gcs_read_by_tensorboard(gcs):
   assert float(found[('loss', 2)][1]) == 0.125
   assert found[('samples', 1)][0] == 'text'
   assert found[('_hparams_/session_start_info', 0)][0] == 'hparams'
+
+
+def test_a_403_from_inside_a_library_is_found_and_named():
+  # gcsfs's error as it surfaces from an Orbax save, wrapped by Orbax.
+  denied = OSError('Forbidden: b/my-bucket/o\nsa@p does not have '
+                   'storage.objects.create access to the object.')
+  try:
+    try:
+      raise denied
+    except OSError as e:
+      raise RuntimeError('save failed') from e
+  except RuntimeError as wrapped:
+    line = objects.failure_line(wrapped)
+  assert 'gs://my-bucket' in line and 'storage.objects.create' in line
+  assert objects.ROLE in line and '\n' not in line
+  assert objects.failure_line(ValueError('unrelated')) is None

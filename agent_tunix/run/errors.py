@@ -8,6 +8,8 @@
     stderr and exits with status 2 for a config that validation refuses
     (`cli.USAGE`) and 1 for the rest (`cli.FAILED`); its traceback goes to
     the log at verbosity 1 (`-v 1`), or is raised whole with `--traceback`;
+  * Cloud Storage refusing access (a 403 from inside a library, e.g. an
+    Orbax save) is one line naming the bucket and the role to grant;
   * an error caused by a full disk, whatever wrapped it (an OSError, or
     TensorStore's RESOURCE_EXHAUSTED from inside an Orbax save), logs the
     original message and ends with one line: `error: No space left on
@@ -34,6 +36,7 @@ from agent_tunix.run import checkpoint
 from agent_tunix.run import divergence
 from agent_tunix.run import full_disk
 from agent_tunix.run import lock as run_lock
+from agent_tunix.storage import objects as storage_objects
 
 _TRACEBACK = flags.DEFINE_bool(
     'traceback', False,
@@ -92,7 +95,8 @@ def cli(main):
       return main(argv)
     except Exception as e:  # pylint: disable=broad-exception-caught
       full = full_disk.no_space_error(e)
-      if full is None and not isinstance(e, USER_ERRORS):
+      denied = None if full is not None else storage_objects.failure_line(e)
+      if full is None and denied is None and not isinstance(e, USER_ERRORS):
         raise
       if _TRACEBACK.value:
         raise
@@ -100,6 +104,8 @@ def cli(main):
       if full is not None:
         logging.error('Out of disk space: %s', full)
         shown = full_disk.message(full)
+      elif denied is not None:
+        shown = denied
       else:
         shown = e
       sys.stderr.write(f'error: {shown}\n')

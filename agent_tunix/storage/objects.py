@@ -240,3 +240,26 @@ def describe(error, url, missing_bucket=None):
             '--location=REGION) or fix the path.')
   first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
   return f'Cloud Storage call on {url} failed: {first[:300]}'
+
+
+_BUCKET_IN_TEXT = re.compile(r'gs://([a-z0-9][-a-z0-9_.]{1,220})|/b/'
+                             r'([a-z0-9][-a-z0-9_.]{1,220})/o\b|^b/'
+                             r'([a-z0-9][-a-z0-9_.]{1,220})/o\b')
+
+
+def failure_line(error):
+  """One line for a Cloud Storage 403 found in `error` or its causes (as
+  gcsfs raises it from inside a library, e.g. an Orbax save), or None."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, StorageError):
+      return str(error)
+    text = str(error)
+    if _status(error) == 403 or text.startswith('Forbidden'):
+      found = _BUCKET_IN_TEXT.search(text.split('Forbidden: ', 1)[-1])
+      if found:
+        bucket = next(g for g in found.groups() if g)
+        return describe(error, f'gs://{bucket}/')
+    error = error.__cause__ or error.__context__
+  return None
