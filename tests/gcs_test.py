@@ -215,3 +215,13 @@ def test_a_403_from_inside_a_library_is_found_and_named():
   assert 'gs://my-bucket' in line and 'storage.objects.create' in line
   assert objects.ROLE in line and '\n' not in line
   assert objects.failure_line(ValueError('unrelated')) is None
+
+
+def test_a_step_without_its_commit_file_is_not_a_saved_step(gcs):
+  from agent_tunix.run import checkpoint  # pylint: disable=g-import-not-at-top
+  workdir = f'gs://{gcs.bucket}/steps'
+  storage.write_text(f'{workdir}/checkpoints/1/commit_success.txt', '')
+  storage.write_text(f'{workdir}/checkpoints/1/meta/metadata', '{}')
+  # A save cut off before its last file (a lost connection, a kill).
+  storage.write_text(f'{workdir}/checkpoints/2/meta/metadata', '{}')
+  assert checkpoint.steps_on_disk(workdir) == [1]

@@ -99,6 +99,8 @@ import orbax.checkpoint as ocp
 from agent_tunix import storage
 
 CHECKPOINT_SUBDIR = 'checkpoints'
+# What Orbax writes last into a step saved on an object store.
+_COMMIT_FILE = 'commit_success.txt'
 # Meta key holding the checksums of the 'lora' and 'opt' arrays.
 CHECKSUMS_KEY = 'checksums'
 # Name of a damaged step's directory once set aside (in the checkpoint dir).
@@ -646,14 +648,20 @@ class Checkpointer:
 def steps_on_disk(workdir):
   """The sorted checkpoint steps in `workdir` (reads only; creates nothing).
 
-  A step counts once Orbax has finalised it (its directory has the step's
-  number as its name; a save in progress is named otherwise). Nothing is
-  restored: a damaged step is listed too.
+  A step counts once Orbax has finalised it: locally its directory has the
+  step's number as its name (a save in progress is named otherwise); on
+  gs:// it also holds commit_success.txt. Nothing is restored: a damaged
+  step is listed too.
   """
   directory = storage.path(workdir) / CHECKPOINT_SUBDIR
   if not directory.exists():
     return []
-  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+  steps = [p for p in directory.iterdir() if p.name.isdigit()]
+  if storage.is_remote(workdir):
+    # An object store has no rename: Orbax writes a step in place and marks
+    # it complete with this file last.
+    steps = [p for p in steps if (p / _COMMIT_FILE).exists()]
+  return sorted(int(p.name) for p in steps)
 
 
 def has_steps(workdir):
