@@ -17,6 +17,8 @@ import types
 
 import pytest
 
+import gcs_emulator
+
 from agent_tunix.bench import context
 from agent_tunix.bench import episode_speed
 from agent_tunix.bench import options
@@ -36,19 +38,22 @@ MEASUREMENT_KEYS = {
 }
 
 
-def _run_bench(*args, timeout=600):
+def _run_bench(*args, timeout=600, env=None):
   return subprocess.run(
       [sys.executable, '-m', 'agent_tunix.bench', *args],
       cwd=REPO, capture_output=True, text=True, timeout=timeout,
-      check=False,
+      check=False, env=dict(os.environ, **(env or {})),
   )
 
 
 @pytest.fixture(scope='module')
 def quick(tmp_path_factory):
   out = tmp_path_factory.mktemp('bench') / 'bench.json'
-  proc = _run_bench('--quick', '--steps=2', '--decode_batch_sizes=2',
-                    f'--skip={",".join(SKIPPED)}', f'--output={out}')
+  with gcs_emulator.emulator('agent-tunix-bench') as gcs:
+    proc = _run_bench('--quick', '--steps=2', '--decode_batch_sizes=2',
+                      f'--skip={",".join(SKIPPED)}', f'--output={out}',
+                      f'--checkpoint_url=gs://{gcs.bucket}/bench',
+                      env=gcs.env)
   assert proc.returncode == 0, proc.stderr[-6000:]
   with open(out) as f:
     result = json.load(f)
@@ -82,7 +87,7 @@ def test_every_measurement_has_the_schema(quick):
   names = [m['name'] for m in result['measurements']]
   assert names == ['grpo_step_vs_tunix', 'grpo_step_vs_trl',
                    'decode_batch_2', 'episode_rollout', 'update_memory',
-                   'tpu_preflight']
+                   'tpu_preflight', 'checkpoint_io']
   for m in result['measurements']:
     assert set(m) == MEASUREMENT_KEYS, m['name']
     assert m['status'] in ('ok', 'partial', 'skipped', 'error')
@@ -100,6 +105,18 @@ def test_every_measurement_has_the_schema(quick):
     else:
       assert m['ratio'] is None
       assert m['reason'], m['name']
+
+
+def test_checkpoint_io_times_local_and_gcs(quick):
+  result, _ = quick
+  m = _by_name(result)['checkpoint_io']
+  assert m['status'] == 'ok', m
+  assert m['peer']['name'].startswith('gs://agent-tunix-bench/')
+  for side in (m['ours'], m['peer']):
+    assert side['state_bytes'] > 0
+    assert 0 < side['blocking_s'] <= side['total_s']
+    assert side['restore_s'] > 0
+  assert m['ours']['state_bytes'] == m['peer']['state_bytes']
 
 
 def test_skipped_sections_say_why(quick):

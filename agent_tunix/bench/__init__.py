@@ -1,7 +1,7 @@
 """Benchmarks of this trainer against peers: `python -m agent_tunix.bench`.
 
 One module per section (grpo_step, tunix_step, trl_step, decode_speed,
-update_memory), the shared workload (context), the JSON records (records),
+episode_speed, update_memory, tpu_preflight, checkpoint_io), the shared workload (context), the JSON records (records),
 goals and table (report), flags (options); `__main__` runs them and
 documents the JSON (`--help`). gpu_check, gpu_bundle and gpu_results are
 the check for a lent GPU machine (launch/gpu_check.sh).

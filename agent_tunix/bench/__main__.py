@@ -80,6 +80,11 @@ Sections (--skip takes a comma list of their names):
           slice is laid out as (fsdp, tp) with the widest fsdp that does
           (settings["mesh_source"] = "config" or "fitted"). Tens of
           seconds for the tiny model; minutes for real presets.
+  storage Checkpoint save and restore of the LoRA + optimizer state with
+          the trainer's Checkpointer (bench/checkpoint_io.py): a local
+          folder, and --checkpoint_url (gs://) when given. `blocking_s` is
+          how long a save holds the loop (saves are async), `total_s` until
+          it is complete on the store, `restore_s` a resume's restore.
 
 Workload settings come from the config (override any field with
 --config.section.field=value): generation.max_prompt_length (prompt bucket
@@ -110,7 +115,8 @@ JSON written to --output:
   measurement = {
     "name": str,                  # grpo_step_vs_tunix, grpo_step_vs_trl,
                                   # decode_batch_<b>, episode_rollout,
-                                  # update_memory, tpu_preflight
+                                  # update_memory, tpu_preflight,
+                                  # checkpoint_io
     "sections": [str],            # the --skip names it depends on
     "status": "ok" | "partial" | "skipped" | "error",
     "reason": str | null,         # why partial/skipped/error
@@ -177,6 +183,7 @@ from absl import flags
 from absl import logging
 
 from agent_tunix import cli
+from agent_tunix.bench import checkpoint_io
 from agent_tunix.bench import context
 from agent_tunix.bench import decode_speed
 from agent_tunix.bench import episode_speed
@@ -251,6 +258,13 @@ def _run(ctx, skip, decode_batch_sizes, preflight_topology, episode_steps):
   measurements.append(pre or records.measurement(
       tpu_preflight.NAME, ['preflight'], {'topology': preflight_topology},
       reason=reason, error=err,
+  ))
+  stored, reason, err = records.run_section(
+      'storage', skip, checkpoint_io.checkpoint_measurement, ctx,
+      options.CHECKPOINT_URL.value,
+  )
+  measurements.append(stored or records.measurement(
+      checkpoint_io.NAME, ['storage'], {}, reason=reason, error=err,
   ))
   return {
       'schema_version': records.SCHEMA_VERSION,

@@ -12,7 +12,7 @@ from absl import flags
 from ml_collections import config_flags
 
 SECTIONS = ('grpo', 'tunix', 'trl', 'decode', 'episodes', 'memory',
-            'preflight')
+            'preflight', 'storage')
 REPO_ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
@@ -38,6 +38,7 @@ EPISODE_STEPS = _Value(0)
 # --quick's episode columns: its 8 generation steps hold no turns.
 QUICK_EPISODE_STEPS = 64
 PREFLIGHT_TOPOLOGY = _Value('v5litepod-8')
+CHECKPOINT_URL = _Value('')
 # --quick's slice: the tiny model's 2 heads and 2-row micro-batches spread
 # over at most 4 devices.
 QUICK_PREFLIGHT_TOPOLOGY = 'v5litepod-4'
@@ -47,6 +48,7 @@ def define_flags():
   """Defines the command-line flags (`python -m agent_tunix.bench --help`)."""
   global CONFIG, QUICK, OUTPUT, STEPS, DECODE_BATCH_SIZES
   global DECODE_PROMPT_LENGTH, SKIP, PREFLIGHT_TOPOLOGY, EPISODE_STEPS
+  global CHECKPOINT_URL
   CONFIG = config_flags.DEFINE_config_file(
       'config', _DEFAULT_CONFIG, 'Config file (a get_config() module).',
       lock_config=True,
@@ -76,6 +78,12 @@ def define_flags():
       'Completion columns of the episodes section (model turns and inserts '
       'together); 0 = generation.max_generation_steps '
       f'({QUICK_EPISODE_STEPS} with --quick).',
+  )
+  CHECKPOINT_URL = flags.DEFINE_string(
+      'checkpoint_url', CHECKPOINT_URL.value,
+      'Where the storage section also saves and restores a checkpoint '
+      '(e.g. gs://bucket/bench; an emulator with STORAGE_EMULATOR_HOST); '
+      'empty: a local folder only.',
   )
   SKIP = flags.DEFINE_list(
       'skip', SKIP.value,
