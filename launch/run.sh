@@ -5,7 +5,9 @@
 # Usage:
 #   bash launch/run.sh --config=configs/gemma3_1b.py --workdir=gs://BUCKET/run \
 #     [--config.FIELD=VALUE ...] [--restart] [--grace=SECONDS] \
-#     [--extra-files=PATH[:PATH...]] [--dry-run] [-- MORE_TRAINER_FLAGS ...]
+#     [--extra-files=PATH[:PATH...]] [--dry-run] \
+#     [--coordinator-address=HOST:PORT --num-processes=N] \
+#     [-- MORE_TRAINER_FLAGS ...]
 #
 # Needs TPU_NAME, ZONE and PROJECT (or --tpu-name=, --zone=, --project=); see
 # launch/common.sh. Run launch/setup.sh once first.
@@ -17,6 +19,14 @@
 # worker number), which is also copied to <workdir>/logs/worker_N.log every
 # 30 seconds and when the trainer exits. Override values are passed through
 # exactly, whatever characters they hold.
+#
+# On a Cloud TPU VM the workers find each other by themselves
+# (jax.distributed.initialize() reads the pod's metadata). Where they cannot,
+# e.g. the CPU rehearsal of a whole pod's life on one machine
+# (tests/pod_rehearsal_test.py), --coordinator-address=HOST:PORT and
+# --num-processes=N make every worker run the trainer with
+#   --coordinator_address=HOST:PORT --num_processes=N --process_id=N_WORKER
+# where N_WORKER is its worker number (as in its log's name).
 #
 # The workdir should be on gs://: all workers write the same checkpoints
 # there, and a run started again with the same --workdir (after a preemption,
@@ -63,6 +73,11 @@
 #   --skip-preflight         start without compiling for ACCELERATOR_TYPE
 #   --extra-files=A:B        send these untracked files or folders too
 #                            (relative to the repository root; EXTRA_FILES)
+#   --coordinator-address=HOST:PORT, --num-processes=N
+#                            both or neither: name the jax.distributed
+#                            coordinator (worker 0) and the number of
+#                            workers, for workers that are not on a Cloud
+#                            TPU VM (see above)
 #   --dry-run                print the gcloud commands, run nothing
 #   --retries=N              attempts per gcloud step (RETRIES, 3)
 #   -- ARGS...               further trainer flags, passed through as given
@@ -76,6 +91,8 @@ workdir=''
 restart=0
 grace=120
 skip_preflight=0
+coordinator=''
+num_processes=''
 trainer_args=()
 overrides=()
 while (($#)); do
@@ -94,6 +111,8 @@ while (($#)); do
     --restart) restart=1 ;;
     --skip-preflight) skip_preflight=1 ;;
     --grace=*) grace="${arg#*=}" ;;
+    --coordinator-address=*) coordinator="${arg#*=}" ;;
+    --num-processes=*) num_processes="${arg#*=}" ;;
     --)
       trainer_args+=("$@")
       break
@@ -111,6 +130,16 @@ if [[ -z "$workdir" ]]; then
 fi
 if [[ ! "$grace" =~ ^[0-9]+$ ]]; then
   usage_error "--grace must be a whole number of seconds, got '$grace'"
+fi
+if [[ -n "$coordinator" || -n "$num_processes" ]]; then
+  if [[ ! "$coordinator" =~ ^[^[:space:]]+:[0-9]+$ ]]; then
+    usage_error "--coordinator-address must be HOST:PORT (with" \
+      "--num-processes=N), got '$coordinator'"
+  fi
+  if [[ ! "$num_processes" =~ ^[1-9][0-9]*$ ]]; then
+    usage_error "--num-processes must be a positive number (with" \
+      "--coordinator-address=HOST:PORT), got '$num_processes'"
+  fi
 fi
 if [[ "$workdir" != gs://* ]]; then
   warn "--workdir=$workdir is not a gs:// path: each worker of a" \
@@ -232,6 +261,12 @@ fi
 # ignores Ctrl-C so the log keeps the trainer's last words.
 trainer="$REMOTE_VENV/bin/python -m agent_tunix.main --multihost"
 trainer+=" $(quote_all "--config=$config" "--workdir=$workdir")"
+if [[ -n "$coordinator" ]]; then
+  trainer+=" $(quote_all "--coordinator_address=$coordinator" \
+    "--num_processes=$num_processes")"
+  # shellcheck disable=SC2016  # $worker: the worker script's variable
+  trainer+=' --process_id="$worker"'
+fi
 if ((${#trainer_args[@]})); then
   trainer+=" $(quote_all "${trainer_args[@]}")"
 fi

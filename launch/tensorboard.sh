@@ -17,6 +17,13 @@
 #
 # Either way, open http://localhost:PORT. Ctrl-C stops it.
 #
+# Where STORAGE_EMULATOR_HOST is set (a Cloud Storage emulator, docs/tpu.md
+# "Cloud Storage (gs://)"; on worker 0 with --tunnel, here without),
+# TensorBoard reads with --load_fast=false: its fast loader
+# (tensorboard-data-server) reads gs:// with a client of its own that knows
+# only the real service, while the Python loader reads through gcsfs, which
+# honours the variable.
+#
 # Flags:
 #   --workdir=DIR  the --workdir given to launch/run.sh
 #   --port=PORT    local (and remote) port (6006)
@@ -68,11 +75,16 @@ EOF
   )"
   command="$check; exec $tb $(quote_all "--logdir=$workdir")"
   command+=" --port=$port --host=localhost"
+  # shellcheck disable=SC2016  # expanded by the worker, not here
+  command+=' ${STORAGE_EMULATOR_HOST:+--load_fast=false}'
   info "TensorBoard on worker 0 of $TPU_NAME: open http://localhost:$port"
   # Long-running: not retried (Ctrl-C would count as a failure).
   tpu_ssh 0 "$command" -L "$port:localhost:$port"
 else
   tensorboard_cmd=(tensorboard "--logdir=$workdir" "--port=$port")
+  if [[ -n "${STORAGE_EMULATOR_HOST:-}" ]]; then
+    tensorboard_cmd+=(--load_fast=false)
+  fi
   if ((DRY_RUN)); then
     quote_all "${tensorboard_cmd[@]}"
     echo

@@ -700,6 +700,35 @@ def test_run_mirrors_the_worker_log_to_the_workdir(sandbox, worker):
   assert call['cwd'] == str(worker.home / 'agent_tunix')
 
 
+def test_run_names_the_coordinator_for_workers_jax_cannot_find(sandbox,
+                                                              worker):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'],
+                       '--coordinator-address=10.0.0.2:8476',
+                       '--num-processes=4', '--config.a=1')
+  assert result.rc == 0, result.err
+  proc = worker.run(_remote_command(result.calls[2]))
+  assert proc.returncode == 0, proc.stderr
+  (call,) = worker.python_calls('agent_tunix.main')
+  assert call['argv'] == [
+      '-m', 'agent_tunix.main', '--multihost',
+      '--config=configs/gemma3_1b.py', '--workdir=gs://b/run',
+      '--coordinator_address=10.0.0.2:8476', '--num_processes=4',
+      '--process_id=3', '--config.a=1']
+
+
+@pytest.mark.parametrize('args', [
+    ['--coordinator-address=10.0.0.2:8476'],
+    ['--num-processes=2'],
+    ['--coordinator-address=10.0.0.2', '--num-processes=2'],
+    ['--coordinator-address=10.0.0.2:8476', '--num-processes=0'],
+])
+def test_run_coordinator_flags_go_together(sandbox, args):
+  result = sandbox.run('run.sh', *_ARGS['run.sh'], *args)
+  assert result.rc == 2
+  assert '--coordinator-address' in result.err
+  assert not result.calls
+
+
 def test_run_dry_run_quoting_round_trips(sandbox):
   overrides = [o for o in _OVERRIDES if '\n' not in o]
   real = sandbox.run('run.sh', *_ARGS['run.sh'], *overrides)
@@ -1081,6 +1110,25 @@ def test_tensorboard_tunnel(sandbox):
   assert call[9:] == ['--', '-L', '7007:localhost:7007']
   assert ('~/agent_tunix_venv/bin/tensorboard --logdir=gs://b/run '
           '--port=7007 --host=localhost') in call[8]
+
+
+def test_tensorboard_reads_an_emulator_with_the_python_loader(sandbox,
+                                                              worker):
+  """The fast loader's own gs:// client knows only the real service."""
+  result = sandbox.run('tensorboard.sh', '--workdir=gs://b/run', '--tunnel')
+  command = _remote_command(result.calls[0])
+  _write_executable(worker.home / 'agent_tunix_venv' / 'bin' / 'tensorboard',
+                    '#!/bin/sh\necho "tensorboard $*"\n')
+  on_service = worker.run(command)
+  assert on_service.stdout == (
+      'tensorboard --logdir=gs://b/run --port=6006 --host=localhost\n')
+  on_emulator = worker.run(command, STORAGE_EMULATOR_HOST='http://e:1')
+  assert on_emulator.stdout == ('tensorboard --logdir=gs://b/run --port=6006 '
+                                '--host=localhost --load_fast=false\n')
+  local = sandbox.run('tensorboard.sh', '--workdir=gs://b/run', '--dry-run',
+                      settings={}, STORAGE_EMULATOR_HOST='http://e:1')
+  assert local.out == ('tensorboard --logdir=gs://b/run --port=6006 '
+                       '--load_fast=false\n')
 
 
 def test_tensorboard_local_needs_no_settings(sandbox):
