@@ -26,10 +26,14 @@ inserted twice and resumes in its KV cache), so the two processes must
 also insert the same tokens and produce the single process's episodes.
 
 All three processes start together and are killed if any fails or the
-deadline passes.
+deadline passes. The single-turn 2-process job's workdir is on gs:// (the
+Cloud Storage API on loopback, tests/gcs_emulator.py): both processes
+write their parts of the checkpoints there, process 0 the lock, the
+events and the config; it is copied back to a local folder for the checks.
 """
 
 import collections
+import contextlib
 import os
 import pathlib
 import subprocess
@@ -39,6 +43,9 @@ import time
 import numpy as np
 import portpicker
 import pytest
+
+import gcs_emulator
+from agent_tunix import storage
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 _TESTS = _REPO / 'tests'
@@ -90,8 +97,12 @@ _VARIANTS = {
 }
 
 
-def _start(name, root, devices, extra):
-  env = dict(os.environ)
+# The variant whose 2-process job writes to gs://.
+_ON_GCS = 'single_turn'
+
+
+def _start(name, root, devices, extra, env_extra=None):
+  env = dict(os.environ, **(env_extra or {}))
   env['XLA_FLAGS'] = (
       env.get('XLA_FLAGS', '') +
       f' --xla_force_host_platform_device_count={devices}').strip()
@@ -135,17 +146,47 @@ def _wait_all(jobs, deadline):
 def runs(tmp_path_factory, request):
   """Runs the 2-process job and the 1-process reference side by side."""
   root = tmp_path_factory.mktemp(f'multihost_{request.param}')
+  with contextlib.ExitStack() as stack:
+    gcs, env = None, {}
+    workdir = str(root / 'multi')
+    if request.param == _ON_GCS:
+      gcs = stack.enter_context(gcs_emulator.emulator('agent-tunix-multi'))
+      env = gcs.env
+      workdir = f'gs://{gcs.bucket}/multi'
+    _run_all(root, list(_VARIANTS[request.param]), workdir, env)
+    if gcs is not None:
+      stack.enter_context(_env(gcs.env))
+      assert gcs.list('multi/RUN_LOCK.json') == []  # Released.
+      os.rename(storage.cached_copy(workdir, str(root / 'copy')),
+                root / 'multi')
+  return root
+
+
+@contextlib.contextmanager
+def _env(values):
+  saved = {k: os.environ.get(k) for k in values}
+  os.environ.update(values)
+  try:
+    yield
+  finally:
+    for key, value in saved.items():
+      if value is None:
+        os.environ.pop(key, None)
+      else:
+        os.environ[key] = value
+
+
+def _run_all(root, variant, workdir, env):
   port = portpicker.pick_unused_port()
-  variant = list(_VARIANTS[request.param])
   multi = variant + [
       '--multihost', f'--coordinator_address=127.0.0.1:{port}',
-      '--num_processes=2', f'--workdir={root / "multi"}',
+      '--num_processes=2', f'--workdir={workdir}',
   ]
   jobs = []
   try:
     for i in range(2):
       jobs.append(_start(f'process_{i}', root, 2,
-                         multi + [f'--process_id={i}']))
+                         multi + [f'--process_id={i}'], env))
     jobs.append(_start('reference', root, 4,
                        variant + [f'--workdir={root / "one"}']))
     _wait_all(jobs, time.monotonic() + _TIMEOUT_S)
@@ -154,7 +195,6 @@ def runs(tmp_path_factory, request):
       if proc.poll() is None:
         proc.kill()
         proc.wait()
-  return root
 
 
 def _read_events(workdir):
@@ -166,7 +206,8 @@ def _read_events(workdir):
     for event in tb_events.iterate(str(path)):
       for value in event.summary.value:
         if value.metadata.plugin_data.plugin_name == 'scalars':
-          found[value.tag][event.step] = float(tb_events.make_ndarray(value.tensor))
+          found[value.tag][event.step] = float(
+              tb_events.make_ndarray(value.tensor))
   return found, len(files)
 
 

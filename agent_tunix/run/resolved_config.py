@@ -143,12 +143,11 @@ def check_and_store(config, workdir, has_checkpoints):
       logging.info('%s had no checkpoint; replacing its config.',
                    path(workdir))
     if jax.process_index() == 0:
-      file = path(workdir)
-      file.parent.mkdir(parents=True, exist_ok=True)
-      partial = file.with_name(FILENAME + '.partial')
-      partial.write_text(json.dumps(flatten(config), indent=1,
+      # Whole or not at all: a temporary renamed into place locally; an
+      # object on gs:// is replaced whole by nature (no rename there).
+      storage.write_text(str(path(workdir)),
+                         json.dumps(flatten(config), indent=1,
                                     sort_keys=True))
-      partial.replace(file)
     return
   refused, allowed, one_sided = compare(stored, config)
   for field, old, new in allowed:
