@@ -30,9 +30,16 @@ HUGGINGFACE = 'huggingface'
 # A Hugging Face repo id: owner/name, as opposed to a directory path.
 _REPO_ID = re.compile(r'^[A-Za-z0-9][\w.-]*/[\w.-]+$')
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', None, 'Config file (a get_config() module).', lock_config=True
-)
+_CONFIG = None  # The --config flag, defined when this module is the program.
+
+
+def _define_flags():
+  """Defines --config only when this module runs as a program (another
+  command imported in the same process defines its own --config)."""
+  global _CONFIG
+  _CONFIG = config_flags.DEFINE_config_file(
+      'config', None, 'Config file (a get_config() module).',
+      lock_config=True)
 
 
 def _weights_need(source, path):
@@ -80,5 +87,6 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  _define_flags()
   flags.mark_flags_as_required(['config'])
   cli.run(main)

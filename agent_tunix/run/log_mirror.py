@@ -27,16 +27,25 @@ from absl import flags
 from agent_tunix import cli
 from agent_tunix import storage
 
-_LOG = flags.DEFINE_string('log', None, 'The log file to mirror.')
-_WORKDIR = flags.DEFINE_string(
-    'workdir', None, 'The run directory (local or gs://).')
-_WORKER = flags.DEFINE_string(
-    'worker', None, 'The worker number N: the copy is logs/worker_N.log.')
-_EVERY_S = flags.DEFINE_float(
-    'every_s', 30.0, 'Seconds between copies (only when the log changed).')
-_DONE_MARKER = flags.DEFINE_string(
-    'done_marker', '', 'Copy once more and exit when a line holding this '
-    'is appended to the log ("" = only on a signal).')
+_LOG = _WORKDIR = _WORKER = _EVERY_S = _DONE_MARKER = None  # Flags, below.
+
+
+def _define_flags():
+  """Defines the flags only when this module runs as a program (other
+  commands imported in the same process define --workdir too)."""
+  global _LOG, _WORKDIR, _WORKER, _EVERY_S, _DONE_MARKER
+  _LOG = flags.DEFINE_string('log', None, 'The log file to mirror.')
+  _WORKDIR = flags.DEFINE_string(
+      'workdir', None, 'The run directory (local or gs://).')
+  _WORKER = flags.DEFINE_string(
+      'worker', None, 'The worker number N: the copy is logs/worker_N.log.')
+  _EVERY_S = flags.DEFINE_float(
+      'every_s', 30.0, 'Seconds between copies (only when the log changed).')
+  _DONE_MARKER = flags.DEFINE_string(
+      'done_marker', '', 'Copy once more and exit when a line holding this '
+      'is appended to the log ("" = only on a signal).')
+
+
 # How often the log is looked at for the marker (a stat, and a read of the
 # new bytes when it grew).
 _POLL_S = 0.5
@@ -135,4 +144,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  _define_flags()
   cli.run(main)
