@@ -243,6 +243,12 @@ def _shape(mesh):
   return json.loads(mesh[mesh.index('['):])
 
 
+def _full_step(ref, name):
+  """The largest move of `name` in the one-device step (Adam's full step)."""
+  return float(np.abs(np.asarray(ref['lora_after'][name])
+                      - ref['lora_before'][name]).max())
+
+
 @pytest.mark.parametrize('mesh', _SHARDED)
 def test_one_grpo_step_matches_one_device(meshes, mesh):
   tag = mesh[:mesh.index('[')]
@@ -260,10 +266,27 @@ def test_one_grpo_step_matches_one_device(meshes, mesh):
         got['lora_before'][name], ref['lora_before'][name], rtol=0,
         atol=1e-7, err_msg=f'initial {name} on mesh {mesh}')
     # ... and the same update.
+    after = np.asarray(got['lora_after'][name])
+    full = _full_step(ref, name)
+    if not tag or full == 0 or not name.endswith('lora_b'):
+      np.testing.assert_allclose(
+          after, value, rtol=0, atol=_MOE_LORA_ATOL if tag else _LORA_ATOL,
+          err_msg=f'updated {name} on mesh {mesh}')
+      continue
+    # B factors start at 0, so their first move is Adam's alone: a full step
+    # for every element unless its gradient is as small as Adam's eps; there the move is as much noise as signal
+    # (summation order on another mesh, or another CPU's kernels, changed
+    # one such element by 9% of a step). Those must be rare and within a
+    # tenth of a step; every other element within _MOE_LORA_ATOL.
+    moved = np.abs(value - ref['lora_before'][name])
+    partial = moved < 0.9 * full
+    assert partial.mean() < 0.01, (name, partial.mean())
     np.testing.assert_allclose(
-        got['lora_after'][name], value, rtol=0,
-        atol=_MOE_LORA_ATOL if tag else _LORA_ATOL,
+        after[~partial], value[~partial], rtol=0, atol=_MOE_LORA_ATOL,
         err_msg=f'updated {name} on mesh {mesh}')
+    np.testing.assert_allclose(
+        after[partial], value[partial], rtol=0, atol=0.1 * full,
+        err_msg=f'updated {name} on mesh {mesh} (eps-sized gradients)')
   moved = max(np.abs(ref['lora_after'][n] - ref['lora_before'][n]).max()
               for n in ref['lora_after'])
   assert moved > 100 * _LORA_ATOL, f'the step barely moved LoRA ({moved})'
