@@ -54,6 +54,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import uuid
 
 import portpicker
 import pytest
@@ -76,10 +77,12 @@ _SETTINGS = {
     'RUNTIME_VERSION': 'tpu-ubuntu2204-base',
 }
 # Set in the scripts' environment; must reach no argument, log or file.
+# Made at each run, so that no copy of this file (the workers get the
+# tracked files) holds them.
 _SECRETS = {
-    'KAGGLE_USERNAME': 'rehearsal-kaggle-user',
-    'KAGGLE_KEY': 'kaggle-secret-7f3a9c2e41d8',
-    'HF_TOKEN': 'hf_secretRehearsalToken5b2d',
+    'KAGGLE_USERNAME': f'kaggle-user-{uuid.uuid4().hex[:12]}',
+    'KAGGLE_KEY': f'kaggle-key-{uuid.uuid4().hex}',
+    'HF_TOKEN': f'hf_{uuid.uuid4().hex}',
 }
 _TIMEOUT_S = 600
 _SESSION = 'agent_tunix'
