@@ -13,3 +13,22 @@ if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = (
       os.environ.get('XLA_FLAGS', '') + ' --xla_backend_optimization_level=0'
   ).strip()
+
+# The longest files (minutes each on 2 cores), longest first. With `-n 2
+# --dist loadfile` every file runs whole on one worker, in collection
+# order: starting the long ones first keeps both workers busy to the end
+# instead of leaving one long file running alone at the tail.
+_LONG_FILES = (
+    'multihost_test.py', 'resume_test.py', 'gemma4_test.py',
+    'gemma4_export_test.py', 'bench_test.py', 'pod_rehearsal_test.py',
+    'preflight_test.py', 'sharding_test.py',
+    'grpo_test.py', 'alarms_test.py', 'train_test.py', 'faults_test.py',
+    'sweep_test.py', 'export_test.py', 'judge_run_test.py',
+    'schedule_test.py', 'cli_test.py', 'launch_test.py',
+)
+
+
+def pytest_collection_modifyitems(items):
+  """Runs the long files first (stable: other files keep their order)."""
+  rank = {name: i for i, name in enumerate(_LONG_FILES)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

@@ -13,7 +13,8 @@ emulator (tests/gcs_emulator.py). As docs/tpu.md "Your first pod run" says:
   -> stop.sh -> delete.sh (answering its question)
 
 and checks that the final checkpoint equals that of an uninterrupted
-2-process run (the checksums in meta/metadata of the last step), that the
+2-process run (the checksums in meta/metadata of the last step), that
+evaluate and plot (a PNG to gs://) read the bucket afterwards, that the
 worker logs are mirrored to <workdir>/logs/worker_N.log, and that the
 Kaggle key and HF token set in the scripts' environment appear in no
 gcloud argument, no script output and no file on the workers or in the
@@ -381,6 +382,26 @@ def test_pod_life_on_local_workers(tmp_path, gcs, pod):
   last = f'checkpoints/{_NUM_STEPS}/meta/metadata'
   assert (json.loads(_read_object(gcs, f'run/{last}'))
           == json.loads(_read_object(gcs, f'reference/{last}')))
+
+  # The next commands a user runs read the same bucket, here: the final
+  # evaluation, and the curves drawn into a PNG on gs://.
+  env = dict(os.environ, **gcs.env,
+             JAX_COMPILATION_CACHE_DIR=str(tmp_path / 'jax_cache'))
+  evaluated = subprocess.run(
+      [sys.executable, '-m', 'agent_tunix.evaluate',
+       '--config=configs/tiny.py', f'--workdir={workdir}'], cwd=_REPO,
+      env=env, capture_output=True, text=True, timeout=_TIMEOUT_S,
+      check=False)
+  assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+  assert json.loads(evaluated.stdout.strip().splitlines()[-1])['step'] == (
+      _NUM_STEPS)
+  png = f'gs://{gcs.bucket}/plots/run.png'
+  plotted = subprocess.run(
+      [sys.executable, '-m', 'agent_tunix.plot', f'--workdir={workdir}',
+       f'--output={png}'], cwd=_REPO, env=env, capture_output=True,
+      text=True, timeout=_TIMEOUT_S, check=False)
+  assert plotted.returncode == 0, plotted.stderr[-3000:]
+  assert gcs.list('plots/') == ['plots/run.png']
 
   # Worker logs mirrored to <workdir>/logs/, the last lines included.
   for i in range(_WORKERS):

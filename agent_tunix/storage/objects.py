@@ -5,7 +5,7 @@ precondition ifGenerationMatch=0, refused with 412 if the object exists)
 and updates and deletes conditional on the generation a process holds.
 The run lock and the other files two processes may race on use these.
 Calls go through google-cloud-storage (which reads STORAGE_EMULATOR_HOST
-itself) with `retries.RETRY`: conditional calls are safe to repeat.
+itself) with `retries.policy()`: conditional calls are safe to repeat.
 
 Errors from any client are turned into one line by `describe`: 403 names
 the bucket, the missing permission and the role to grant; a missing
@@ -77,7 +77,7 @@ def create(url, data):
   blob = _blob(url)
   try:
     blob.upload_from_string(data, if_generation_match=0,
-                            retry=retries.RETRY)
+                            retry=retries.policy())
   except _api_errors().PreconditionFailed:
     return None
   except _api_errors().NotFound as e:  # An upload: only the bucket can be.
@@ -99,7 +99,7 @@ def replace(url, data, generation):
   blob = _blob(url)
   try:
     blob.upload_from_string(data, if_generation_match=int(generation),
-                            retry=retries.RETRY)
+                            retry=retries.policy())
   except _api_errors().PreconditionFailed as e:
     raise PreconditionFailed(url) from e
   except _api_errors().NotFound as e:  # An upload: only the bucket can be.
@@ -115,10 +115,10 @@ def read(url):
   exceptions = _api_errors()
   for _ in range(5):
     try:
-      blob.reload(retry=retries.RETRY)  # Its generation, then that version.
+      blob.reload(retry=retries.policy())  # Its generation, then that version.
       generation = int(blob.generation)
       return blob.download_as_bytes(if_generation_match=generation,
-                                    retry=retries.RETRY), generation
+                                    retry=retries.policy()), generation
     except exceptions.NotFound:
       return None, None
     except exceptions.PreconditionFailed:
@@ -132,7 +132,7 @@ def delete(url, generation):
   """Deletes `url` if it is still at `generation`; returns whether it did."""
   blob = _blob(url)
   try:
-    blob.delete(if_generation_match=int(generation), retry=retries.RETRY)
+    blob.delete(if_generation_match=int(generation), retry=retries.policy())
   except (_api_errors().PreconditionFailed, _api_errors().NotFound):
     return False
   except _api_errors().GoogleAPICallError as e:
@@ -162,7 +162,7 @@ def preconditions_enforced(url):
     create(probe, b'1')
     _enforced[key] = create(probe, b'2') is None
     try:
-      _blob(probe).delete(retry=retries.RETRY)
+      _blob(probe).delete(retry=retries.policy())
     except _api_errors().GoogleAPICallError:
       pass
     if not _enforced[key]:
@@ -182,7 +182,7 @@ def check_access(url):
   bucket, name = split(url)
   try:
     list(client.list_blobs(bucket, prefix=name, max_results=1,
-                           retry=retries.RETRY))
+                           retry=retries.policy()))
   except _api_errors().NotFound as e:
     raise StorageError(describe(e, url, missing_bucket=True)) from e
   except _api_errors().GoogleAPICallError as e:
@@ -207,7 +207,7 @@ def bucket_missing(url):
     client = _client_for(endpoint.emulator_url())
   bucket, _ = split(url)
   try:
-    list(client.list_blobs(bucket, max_results=1, retry=retries.RETRY))
+    list(client.list_blobs(bucket, max_results=1, retry=retries.policy()))
   except _api_errors().NotFound:
     return True
   except _api_errors().GoogleAPICallError:

@@ -3,16 +3,14 @@
 gcsfs retries 429, 5xx and dropped connections itself, with backoff, and
 says so only in a DEBUG log line; a filter on its logger counts those lines
 (and keeps them out of the log unless DEBUG was asked for). Calls through
-google-cloud-storage (`objects`) use `RETRY`, which counts through its
+google-cloud-storage (`objects`) use `policy()`, which counts through its
 on_error hook. tensorstore (Orbax's array writes) retries on its own and
 is not counted. Imports nothing of agent_tunix.
 """
 
+import functools
 import logging as py_logging
 import threading
-
-from google.api_core import retry as api_retry
-from google.cloud.storage import retry as storage_retry
 
 _lock = threading.Lock()
 _count = 0
@@ -34,12 +32,20 @@ def _on_error(unused_error):
   add()
 
 
-# google-cloud-storage's own predicate (429, 5xx, connection errors), with
-# exponential backoff from 1 s up to 32 s, for at most 2 minutes a call.
-RETRY = api_retry.Retry(
-    predicate=storage_retry._should_retry,  # pylint: disable=protected-access
-    initial=1.0, maximum=32.0, multiplier=2.0, timeout=120.0,
-    on_error=_on_error)
+@functools.cache
+def policy():
+  """The retry of google-cloud-storage calls: its own predicate (429, 5xx,
+  connection errors), exponential backoff from 1 s up to 32 s, at most 2
+  minutes a call, each retry counted. (Imported on first use: a run that
+  never touches gs:// never loads the Google client libraries.)"""
+  # pylint: disable=g-import-not-at-top
+  from google.api_core import retry as api_retry
+  from google.cloud.storage import retry as storage_retry
+  # pylint: enable=g-import-not-at-top
+  return api_retry.Retry(
+      predicate=storage_retry._should_retry,  # pylint: disable=protected-access
+      initial=1.0, maximum=32.0, multiplier=2.0, timeout=120.0,
+      on_error=_on_error)
 
 
 class _GcsfsRetries(py_logging.Filter):
