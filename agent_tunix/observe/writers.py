@@ -15,6 +15,18 @@ from absl import logging
 import numpy as np
 
 
+def _each_then_raise(calls):
+  """Calls every callable, then raises the first error any raised."""
+  errors = []
+  for call in calls:
+    try:
+      call()
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      errors.append(e)
+  if errors:
+    raise errors[0]
+
+
 class MetricWriter(abc.ABC):
   """Where a run's metrics go."""
 
@@ -76,14 +88,7 @@ class MultiWriter(MetricWriter):
       writer.flush()
 
   def close(self):
-    errors = []
-    for writer in self._writers:
-      try:
-        writer.close()
-      except Exception as e:  # pylint: disable=broad-exception-caught
-        errors.append(e)
-    if errors:
-      raise errors[0]
+    _each_then_raise(writer.close for writer in self._writers)
 
 
 class AsyncWriter(MetricWriter):
@@ -126,14 +131,7 @@ class AsyncWriter(MetricWriter):
   def _wait(self):
     with self._lock:
       pending, self._pending = self._pending, []
-    errors = []
-    for future in pending:
-      try:
-        future.result()
-      except Exception as e:  # pylint: disable=broad-exception-caught
-        errors.append(e)
-    if errors:
-      raise errors[0]
+    _each_then_raise(future.result for future in pending)
 
   def flush(self):
     self._wait()

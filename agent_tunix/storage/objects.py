@@ -55,12 +55,22 @@ def _client_for(emulator):
   return storage.Client(project=project)
 
 
-def _blob(url):
+def _client():
   endpoint.configure()
   with _client_lock:
-    client = _client_for(endpoint.emulator_url())
+    return _client_for(endpoint.emulator_url())
+
+
+def _blob(url):
   bucket, name = split(url)
-  return client.bucket(bucket).blob(name)
+  return _client().bucket(bucket).blob(name)
+
+
+def _list_one(url):
+  """Lists at most one object under `url` (API errors propagate)."""
+  bucket, name = split(url)
+  list(_client().list_blobs(bucket, prefix=name, max_results=1,
+                            retry=retries.policy()))
 
 
 def _api_errors():
@@ -176,13 +186,8 @@ def check_access(url):
   """Lists one object under `url`: raises StorageError (one line) if the
   bucket does not exist or cannot be listed. Needs storage.objects.list
   only (in ROLE), not the bucket permissions a VM's account may lack."""
-  endpoint.configure()
-  with _client_lock:
-    client = _client_for(endpoint.emulator_url())
-  bucket, name = split(url)
   try:
-    list(client.list_blobs(bucket, prefix=name, max_results=1,
-                           retry=retries.policy()))
+    _list_one(url)
   except _api_errors().NotFound as e:
     raise StorageError(describe(e, url, missing_bucket=True)) from e
   except _api_errors().GoogleAPICallError as e:
@@ -202,12 +207,9 @@ def _status(error):
 
 def bucket_missing(url):
   """Whether the bucket of `url` does not exist (a listing says 404)."""
-  endpoint.configure()
-  with _client_lock:
-    client = _client_for(endpoint.emulator_url())
   bucket, _ = split(url)
   try:
-    list(client.list_blobs(bucket, max_results=1, retry=retries.policy()))
+    _list_one(f'gs://{bucket}/')
   except _api_errors().NotFound:
     return True
   except _api_errors().GoogleAPICallError:
