@@ -26,6 +26,7 @@ import qwix
 from tunix.models.gemma3 import model as gemma3_lib
 
 from agent_tunix.run import checkpoint
+from agent_tunix.run import preemption
 
 
 class TinyLora(nnx.Module):
@@ -406,19 +407,19 @@ def test_checksum_sees_every_leaf_and_dtype():
 def test_install_sigterm_handler_returns_previous():
   calls = []
   handler = lambda signum, frame: calls.append(signum)
-  previous = checkpoint.install_sigterm_handler(handler)
+  previous = preemption.install_sigterm_handler(handler)
   try:
     assert signal.getsignal(signal.SIGTERM) is handler
     os.kill(os.getpid(), signal.SIGTERM)
     assert calls == [signal.SIGTERM]
   finally:
-    assert checkpoint.install_sigterm_handler(previous) is handler
+    assert preemption.install_sigterm_handler(previous) is handler
   assert signal.getsignal(signal.SIGTERM) is previous
 
 
 def test_preemption_guard_sets_flag_and_restores_handler():
   before = signal.getsignal(signal.SIGTERM)
-  with checkpoint.PreemptionGuard() as guard:
+  with preemption.PreemptionGuard() as guard:
     assert not guard.use_jax_sync  # No jax.distributed in tests.
     assert not guard.requested() and not guard.should_stop(1)
     os.kill(os.getpid(), signal.SIGTERM)  # Would kill pytest if unhandled.
@@ -432,7 +433,7 @@ def test_sigint_is_handled_like_sigterm_and_a_second_one_interrupts():
   # (pytest-xdist workers ignore SIGINT).
   outer = signal.signal(signal.SIGINT, signal.default_int_handler)
   try:
-    with checkpoint.PreemptionGuard() as guard:
+    with preemption.PreemptionGuard() as guard:
       os.kill(os.getpid(), signal.SIGINT)
       assert guard.requested() and guard.should_stop(3)
       assert guard.signal_name == 'SIGINT'
@@ -447,9 +448,9 @@ def test_sigint_is_handled_like_sigterm_and_a_second_one_interrupts():
 def test_second_sigterm_goes_to_previous_handler():
   calls = []
   handler = lambda signum, frame: calls.append(signum)
-  previous = checkpoint.install_sigterm_handler(handler)
+  previous = preemption.install_sigterm_handler(handler)
   try:
-    guard = checkpoint.PreemptionGuard().install()
+    guard = preemption.PreemptionGuard().install()
     os.kill(os.getpid(), signal.SIGTERM)
     assert guard.requested() and calls == []
     os.kill(os.getpid(), signal.SIGTERM)

@@ -2,9 +2,10 @@
 
 train (the loop: mesh -> models -> data -> restore -> step, eval and
 checkpoint hooks; no math), checkpoint (Orbax save/restore, exact resume),
-lock (one run per workdir), resolved_config (the config a workdir was started
-with, and the refusal of an unsafe change on resume), divergence, full_disk,
-alarms and errors (the one-line messages a command prints). Modules here may
-import each other and every layer below (observe, config, rl, data, models,
-rewards, tpu); never a command.
+preemption (SIGTERM and Ctrl-C as a flag the loop polls, and the save of the
+last step when a step fails), lock (one run per workdir), resolved_config
+(the config a workdir was started with, and the refusal of an unsafe change
+on resume), divergence, full_disk, alarms and errors (the one-line messages
+a command prints). Modules here may import each other and every layer below
+(observe, config, rl, data, models, rewards, tpu); never a command.
 """

@@ -60,6 +60,7 @@ from agent_tunix.run import divergence
 from agent_tunix.run import full_disk
 from agent_tunix.run import judging
 from agent_tunix.run import lock as run_lock
+from agent_tunix.run import preemption
 from agent_tunix.run import resolved_config
 from agent_tunix.run import schedule as schedule_lib
 from agent_tunix.storage import retries as storage_retries
@@ -613,7 +614,7 @@ def _train(session, ckpt, closing):
     metrics_lib.write_hparams(writer, config)
   num_steps = config.training.num_steps
   report = metrics_lib.progress_hook(config, num_steps, writer)
-  guard = checkpoint.PreemptionGuard()
+  guard = preemption.PreemptionGuard()
   logging.info(
       'Training %s for %d steps (%d prompts x %d generations); data: %s',
       config.model.preset, num_steps, config.training.batch_size,
@@ -639,7 +640,7 @@ def _train(session, ckpt, closing):
       return 'the disk is full'
     return None
 
-  keeper = checkpoint.SaveOnError(save_now, session.train_iter, start,
+  keeper = preemption.SaveOnError(save_now, session.train_iter, start,
                                   skip=skip_reason)
   with guard, keeper:
     for step in range(start + 1, num_steps + 1):
