@@ -1,4 +1,4 @@
-r"""Trains a Gemma 3 policy with GRPO and LoRA.
+r"""Trains a Gemma 3 or Gemma 4 policy with GRPO and LoRA.
 
   python -m agent_tunix.main --config=configs/gemma3_270m.py --workdir=/tmp/run
 
