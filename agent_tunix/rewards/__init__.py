@@ -31,7 +31,12 @@ The modules, one idea each (the names below are re-exported here):
     its function).
   reward_set: `RewardSet`, the weighted sum over a batch.
   blame: `RewardError`, naming the failed function and completion.
-  format, math: the built-in reward functions.
+  format, math: the built-in reward functions for the tag format, the
+    length and a numeric final answer (and number parsing).
+  call_numbers, tool_steps: rewards for calculator calls (the problem's
+    own numbers; the reference solution's intermediate results).
+  rubric: `rubric_judge` (a judge ticks a rubric's items) and
+    `rubric_overlap` (the original pipeline's lexical score).
 """
 
 from agent_tunix.rewards import blame

@@ -1,7 +1,9 @@
 """The GRPO algorithm: what turns prompts into a better policy.
 
 rollout (prompts -> G completions each, with the sampler's log-probs),
-dynamic_sampling (groups with a reward spread), objectives (the pure array
+episodes (multi-turn rows that pause for tools or an environment and resume
+in the same KV cache), episode_stats (the agent/* metrics of a batch of
+episodes and the tool-use bonus), dynamic_sampling (groups with a reward spread), objectives (the pure array
 math of GRPO and its variants), logprobs (model passes that score tokens),
 remat, optimizer, grpo (the jitted update) and evaluation (the accuracy of a
 policy on a split). Modules here may import each other and the layers below

@@ -5,7 +5,10 @@ checkpoint hooks; no math), checkpoint (Orbax save/restore, exact resume),
 preemption (SIGTERM and Ctrl-C as a flag the loop polls, and the save of the
 last step when a step fails), lock (one run per workdir), resolved_config
 (the config a workdir was started with, and the refusal of an unsafe change
-on resume), divergence, full_disk, alarms and errors (the one-line messages
-a command prints). Modules here may import each other and every layer below
+on resume), schedule (the learning-rate schedule's span, kept across
+resumes), judging (the judge's part of a step, data.task='rubric'),
+divergence, full_disk, alarms, errors (the one-line messages a command
+prints) and log_mirror (a worker's log file copied to the workdir as the
+run goes). Modules here may import each other and every layer below
 (observe, config, rl, data, models, rewards, tpu); never a command.
 """

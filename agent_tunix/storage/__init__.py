@@ -7,6 +7,9 @@ Modules:
   objects: Cloud Storage objects with generation preconditions (exclusive
     create, conditional update and delete) and one-line errors.
   retries: counts the retries the storage clients make.
+  emulator_bridge: with STORAGE_EMULATOR_HOST set, a loopback bridge that
+    gives tensorstore what the emulator leaves out (generation headers and
+    preconditions); never used on the real service.
 
 The bottom layer: it imports nothing else of agent_tunix.
 """
