@@ -15,7 +15,10 @@ def get_config(arg=None):
   config.data.num_train_examples = 32
   config.data.num_eval_examples = 2
   config.data.template = 'chat'
-  config.generation.max_prompt_length = 128
+  # Room for a tool prompt too (`--config.agent.tools=calculator`: the
+  # system prompt, the calculator's instructions and a question, 184-210
+  # tokens with BOS); plain chat prompts are 73-99.
+  config.generation.max_prompt_length = 224
   config.generation.max_generation_steps = 8
   config.generation.kv_cache_size = 256
   config.eval.max_generation_steps = 8

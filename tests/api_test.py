@@ -57,7 +57,7 @@ def test_prepare_train_evaluate_ask_export(tmp_path):
   _, texts, _ = evaluation.evaluate(
       session.sampler, session.tokenizer, session.eval_set[:1], config)
   assert api.ask(session, example['question']) == texts[0]
-  with pytest.raises(ValueError, match='max_prompt_length=128'):
+  with pytest.raises(ValueError, match='max_prompt_length=224'):
     api.ask(session, 'why? ' * 200)
   with pytest.raises(ValueError, match='kv_cache_size=256'):
     api.ask(session, 'Hi', max_new_tokens=1000)

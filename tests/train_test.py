@@ -359,3 +359,25 @@ def test_log_prob_passes_are_dispatched_before_the_rewards(monkeypatch):
   assert order == ['reference_logps', 'policy_logps', 'rewards']  # No rerun.
   assert math.isfinite(scalars['loss']) and 'kl' in scalars
   assert set(update) - set(staged) <= set(session.last_batch)
+
+
+def test_tiny_preset_trains_with_the_calculator_as_written(tmp_path):
+  """`python -m agent_tunix.main --config=configs/tiny.py --workdir=W
+  --config.training.num_steps=2 --config.agent.tools=calculator`: the tool
+  prompts fit the preset's lengths, every one of them is kept, and the run
+  trains on episodes."""
+  config = tiny.get_config()
+  config.training.num_steps = 2
+  config.agent.tools = 'calculator'
+  from agent_tunix.data import pipeline  # pylint: disable=g-import-not-at-top
+  from agent_tunix.models import gemma  # pylint: disable=g-import-not-at-top
+  _, stats = pipeline.make_train_iterator(
+      config, gemma.load_tokenizer(config.model))
+  assert stats['dropped_long_prompts'] == 0
+  assert stats['num_train_examples'] == config.data.num_train_examples
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert result['step'] == 2
+  assert 'agent/turns_mean' in result['scalars']
+  assert 'tool_use_rate' in result['eval']
+  events = read_events(tmp_path)
+  assert sorted(events['agent/turns_mean']) == [1, 2]
