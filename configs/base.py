@@ -158,33 +158,17 @@ def get_config(arg=None):
   # ---------------------------------------------------------------- judge
   # The judge of the rubric_judge reward (docs/rubrics.md).
   config.judge = ml_collections.ConfigDict()
+
+  # -- Both backends
+
   # 'http' (an OpenAI-compatible chat-completions server: vLLM, SGLang,
   # llama.cpp server, a hosted API) or 'gemma' (a frozen Gemma in this
   # process, scoring each item as P(yes) vs P(no); no text generation).
   config.judge.backend = 'http'
-  # http: the server's base URL, e.g. 'http://127.0.0.1:8000/v1'.
-  config.judge.base_url = ''
-  # http: the model name sent with each request.
-  config.judge.model = ''
-  # http: the environment variable holding the API key (the key itself
-  # never enters the config or the logs; unset = no key).
-  config.judge.api_key_env = 'JUDGE_API_KEY'
   # 'explicit' (a yes/no verdict per item, weighted: S = sum(w * met) /
   # sum(positive w), clipped to [-1, 1]) or 'implicit' (one 1-10 rating,
-  # (N - 1) / 9).
+  # (N - 1) / 9; http only).
   config.judge.aggregation = 'explicit'
-  # http: requests in flight at once (per process).
-  config.judge.max_concurrency = 16
-  # http: seconds per request before it counts as a timeout.
-  config.judge.timeout_s = 60.0
-  # http: retries of a request (timeouts, connection errors, 429 and 5xx,
-  # with exponential backoff that honours Retry-After; unparseable replies
-  # are asked again as often).
-  config.judge.max_retries = 3
-  # http: sampling temperature of the judge.
-  config.judge.temperature = 0.0
-  # http: most tokens a judge reply may have.
-  config.judge.max_tokens = 512
   # A file with the judge's prompt ('' = the built-in one). http: the
   # instructions, with {response} and {criteria} (also {question},
   # {reference}). gemma: the prompt asking about one item, with {response}
@@ -205,6 +189,33 @@ def get_config(arg=None):
   # Before step 1, judge a known-good and a known-bad answer to a canary
   # question; refuse to start unless both parse and good > bad.
   config.judge.canary = True
+  # Characters of a completion the judge sees (the rest is cut and counted).
+  config.judge.max_response_chars = 4000
+
+  # -- backend 'http': an OpenAI-compatible server
+
+  # http: the server's base URL, e.g. 'http://127.0.0.1:8000/v1'.
+  config.judge.base_url = ''
+  # http: the model name sent with each request.
+  config.judge.model = ''
+  # http: the environment variable holding the API key (the key itself
+  # never enters the config or the logs; unset = no key).
+  config.judge.api_key_env = 'JUDGE_API_KEY'
+  # http: requests in flight at once (per process).
+  config.judge.max_concurrency = 16
+  # http: seconds per request before it counts as a timeout.
+  config.judge.timeout_s = 60.0
+  # http: retries of a request (timeouts, connection errors, 429 and 5xx,
+  # with exponential backoff that honours Retry-After; unparseable replies
+  # are asked again as often).
+  config.judge.max_retries = 3
+  # http: sampling temperature of the judge.
+  config.judge.temperature = 0.0
+  # http: most tokens a judge reply may have.
+  config.judge.max_tokens = 512
+
+  # -- backend 'gemma': a frozen Gemma in this process
+
   # gemma: the judge's weights: '' = the policy's base weights (LoRA off);
   # else a model preset, read from judge.path with judge.source.
   config.judge.preset = ''
@@ -212,25 +223,17 @@ def get_config(arg=None):
   config.judge.path = ''
   # gemma: completions scored per forward pass.
   config.judge.batch_size = 16
-  # Characters of a completion the judge sees (the rest is cut and counted).
-  config.judge.max_response_chars = 4000
 
   # ----------------------------------------------------------------- grpo
   config.grpo = ml_collections.ConfigDict()
+
+  # -- The GRPO loss
+
   # G: completions sampled per prompt (at least 2).
   config.grpo.num_generations = 4
   # KL coefficient, fixed when kl_target is 0 (and the adaptive
   # controller's start when init_kl_coeff is 0); 0 = no KL term.
   config.grpo.beta = 0.04
-  # Adaptive KL (Ziegler et al. 2019): the coefficient at step 1; 0 = start
-  # at beta. Used only when kl_target > 0.
-  config.grpo.init_kl_coeff = 0.0
-  # Adaptive KL: the KL per completion token to hold; each step the
-  # coefficient is multiplied by 1 + clip(kl / kl_target - 1, +-0.2) *
-  # n / kl_horizon (n = completions in the step). 0 = fixed beta.
-  config.grpo.kl_target = 0.0
-  # Adaptive KL: horizon in completions (larger = slower changes).
-  config.grpo.kl_horizon = 10000.0
   # KL estimator: 'k1' (log ratio) or 'k3' (exp(r) - r - 1).
   config.grpo.kl_estimator = 'k3'
   # PPO clip range (lower, and upper unless epsilon_high is set).
@@ -243,18 +246,6 @@ def get_config(arg=None):
   # Entropy bonus: c in loss - c * H (mean token entropy of the policy); 0 =
   # off.
   config.grpo.entropy_coeff = 0.0
-  # MaxEnt-GRPO: tau > 0 replaces the reward-normalised advantages by
-  # G * w - 1, w = softmax(ref score + log q / tau) per group
-  # (docs/objectives.md); tau weighs entropy and closeness to the
-  # reference. 0 = off.
-  config.grpo.maxent_tau = 0.0
-  # MaxEnt-GRPO: temperature of q = softmax(rewards / q_temperature).
-  config.grpo.maxent_q_temperature = 1.0
-  # MaxEnt-GRPO: share of the uniform distribution mixed into q.
-  config.grpo.maxent_q_epsilon = 0.05
-  # MaxEnt-GRPO: reference score = mean log-prob per completion token
-  # (True) or the sum (False, favours short completions).
-  config.grpo.maxent_length_normalize_ref = True
   # mu: policy updates per batch of rollouts (the learning-rate schedule
   # spans training.num_steps x mu updates).
   config.grpo.num_iterations = 1
@@ -267,16 +258,41 @@ def get_config(arg=None):
   # Sequence chunk for per-token log-probs, so [B, T, vocab] logits are never
   # materialised whole.
   config.grpo.logps_chunk_size = 64
-  # Truncated importance sampling cap; 0 = off. Above 0 each token's
-  # policy-gradient term is weighted by min(exp(trainer logp - sampler
-  # logp), tis_cap) (no gradient through the weight), for a sampler whose
-  # numerics differ from the trainer's (bfloat16, other kernels).
-  config.grpo.tis_cap = 0.0
   # Reference and update passes: run each prompt through the model once for
   # its G completions instead of once per completion, when prompt +
   # completion fits in the model's sliding window (otherwise every row runs
   # in full). The rollout always prefills each prompt once (exact).
   config.grpo.share_prompts = True
+
+  # -- Adaptive KL (when kl_target > 0)
+
+  # Adaptive KL (Ziegler et al. 2019): the coefficient at step 1; 0 = start
+  # at beta. Used only when kl_target > 0.
+  config.grpo.init_kl_coeff = 0.0
+  # Adaptive KL: the KL per completion token to hold; each step the
+  # coefficient is multiplied by 1 + clip(kl / kl_target - 1, +-0.2) *
+  # n / kl_horizon (n = completions in the step). 0 = fixed beta.
+  config.grpo.kl_target = 0.0
+  # Adaptive KL: horizon in completions (larger = slower changes).
+  config.grpo.kl_horizon = 10000.0
+
+  # -- MaxEnt-GRPO (when maxent_tau > 0)
+
+  # MaxEnt-GRPO: tau > 0 replaces the reward-normalised advantages by
+  # G * w - 1, w = softmax(ref score + log q / tau) per group
+  # (docs/objectives.md); tau weighs entropy and closeness to the
+  # reference. 0 = off.
+  config.grpo.maxent_tau = 0.0
+  # MaxEnt-GRPO: temperature of q = softmax(rewards / q_temperature).
+  config.grpo.maxent_q_temperature = 1.0
+  # MaxEnt-GRPO: share of the uniform distribution mixed into q.
+  config.grpo.maxent_q_epsilon = 0.05
+  # MaxEnt-GRPO: reference score = mean log-prob per completion token
+  # (True) or the sum (False, favours short completions).
+  config.grpo.maxent_length_normalize_ref = True
+
+  # -- Dynamic sampling, DAPO (when dynamic_sampling is True)
+
   # Dynamic sampling (DAPO): drop groups whose G rewards are all equal (no
   # advantage, no gradient) and sample further batches of prompts until
   # training.batch_size groups with a reward spread are found or
@@ -286,6 +302,14 @@ def get_config(arg=None):
   # With dynamic_sampling: most batches of prompts sampled per step, the
   # first included (1 = never draw more).
   config.grpo.max_sampling_rounds = 3
+
+  # -- Truncated importance sampling (when tis_cap > 0)
+
+  # Truncated importance sampling cap; 0 = off. Above 0 each token's
+  # policy-gradient term is weighted by min(exp(trainer logp - sampler
+  # logp), tis_cap) (no gradient through the weight), for a sampler whose
+  # numerics differ from the trainer's (bfloat16, other kernels).
+  config.grpo.tis_cap = 0.0
 
   # ----------------------------------------------------------- generation
   config.generation = ml_collections.ConfigDict()
@@ -478,8 +502,9 @@ def get_config(arg=None):
   config.logging.report_every_n_steps = 1
   # Weights & Biases project: the run's scalars, sample texts and config
   # also go there (process 0 only); '' = off. Needs `pip install wandb`;
-  # WANDB_MODE=offline writes the run under the workdir for a later
-  # `wandb sync`.
+  # WANDB_MODE=offline keeps the run on local disk under WANDB_DIR (default
+  # ./wandb in the directory the command runs from, not the workdir) for a
+  # later `wandb sync`.
   config.logging.wandb_project = ''
   # W&B entity (user or team); '' = your default entity.
   config.logging.wandb_entity = ''
