@@ -10,6 +10,11 @@ the standard error of the accuracy beside it over the num_questions
 held-out questions. A --workdir that does not exist is an error; one
 without checkpoints (or no --workdir) is an error unless --allow_base asks
 for the base model (step is then null). Nothing is written.
+
+--by_type adds "by_type" and "by_shape": for each problem type (a
+synthetic template, or a data file's 'type' field) and each expression
+shape, {"correct", "count", "accuracy"} of the greedy answers; the same
+as a table on stderr.
 """
 
 import json
@@ -41,6 +46,11 @@ _ALLOW_BASE = flags.DEFINE_bool(
 _STEP = flags.DEFINE_integer(
     'step', None, 'Checkpoint step to evaluate (default: the latest).'
 )
+_BY_TYPE = flags.DEFINE_bool(
+    'by_type', False,
+    'Also report accuracy with counts per problem type and per expression '
+    'shape ("by_type", "by_shape" in the JSON; a table on stderr).',
+)
 
 
 def check_workdir(workdir, allow_base):
@@ -69,13 +79,31 @@ def main(argv):
   step = None
   if workdir and checkpoint.has_steps(workdir):
     step = train.restore_lora(session, workdir, _STEP.value)
-  scores, _, _ = evaluation.evaluate(
+  scores, texts, _ = evaluation.evaluate(
       session.sampler, session.tokenizer, session.eval_set, config,
       judge=session.judge,
   )
-  sys.stdout.write(json.dumps({
-      'step': step, **scores, 'num_questions': len(session.eval_set)
-  }) + '\n')
+  result = {'step': step, **scores, 'num_questions': len(session.eval_set)}
+  if _BY_TYPE.value:
+    for field, key in (('type', 'by_type'), ('shape', 'by_shape')):
+      result[key] = evaluation.accuracy_by(field, session.eval_set, texts)
+    sys.stderr.write(type_table(result))
+  sys.stdout.write(json.dumps(result) + '\n')
+
+
+def type_table(result):
+  """The per-type and per-shape counts as aligned text lines."""
+  lines = []
+  for key, title in (('by_type', 'type'), ('by_shape', 'shape')):
+    groups = result[key]
+    width = max([len(title)] + [len(name or '(none)') for name in groups])
+    lines.append(f'{title:<{width}}  right / count  accuracy')
+    for name, group in groups.items():
+      count = f'{group["correct"]:>5} / {group["count"]:<5}'
+      lines.append(f'{name or "(none)":<{width}}  {count}  '
+                   f'{100 * group["accuracy"]:6.1f}%')
+    lines.append('')
+  return '\n'.join(lines)
 
 
 if __name__ == '__main__':

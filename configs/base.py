@@ -72,7 +72,9 @@ def get_config(arg=None):
 
   # ----------------------------------------------------------------- data
   config.data = ml_collections.ConfigDict()
-  # Dataset: 'synthetic' (offline arithmetic word problems), 'gsm8k_tfds',
+  # Dataset: 'synthetic' (offline arithmetic word problems),
+  # 'synthetic_unseen' (the same at data.difficulty in five expression
+  # shapes no difficulty draws and no worked tool episode shows), 'gsm8k_tfds',
   # 'gsm8k_hf', 'jsonl' (local JSONL file at data.path), 'parquet' (local
   # parquet file at data.path), or a mixture 'name:weight,name:weight' of
   # those names.

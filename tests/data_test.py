@@ -199,6 +199,57 @@ def test_distractors_add_numbers_but_keep_the_answer():
   assert numbers(noisy['question']) == numbers(plain['question']) + 2
 
 
+
+def _letters(expression):
+  """'(286 * 12) - 4' -> '(a * b) - c': numbers become letters in order."""
+  names = iter('abcdefgh')
+  return re.sub(r'\d+', lambda _: next(names), expression)
+
+
+def test_unseen_shapes_are_new_to_training_and_to_the_worked_episodes():
+  trained = {t for level in synthetic.LEVEL_TEMPLATES.values() for t in level}
+  assert not trained & set(synthetic.UNSEEN_TEMPLATES)
+  shown = {_letters(shot[1][0][1]['expression'])
+           for shot in prompts.TOOL_FEW_SHOT_EXAMPLES}
+  assert shown == {'a + b * c - d', 'a * b + c * d', 'a * b * c - d'}
+  unseen = {synthetic.SHAPES[t] for t in synthetic.UNSEEN_TEMPLATES}
+  assert len(unseen) == len(synthetic.UNSEEN_TEMPLATES)
+  assert not unseen & (shown | {synthetic.SHAPES[t] for t in trained})
+  evals = synthetic.generate('eval', 300, 4, unseen=True)
+  assert {e['type'] for e in evals} == set(synthetic.UNSEEN_TEMPLATES)
+  train = synthetic.generate('train', 1500, 4, unseen=True)
+  assert not {e['question'] for e in train} & {e['question'] for e in evals}
+  for example in evals + train:
+    answer = int(example['answer'])
+    assert answer >= 0 and _check_equations(example['reasoning']) == answer
+    assert example['shape'] == synthetic.SHAPES[example['type']]
+
+
+@pytest.mark.parametrize('template', synthetic.UNSEEN_TEMPLATES)
+def test_unseen_shape_with_the_question_numbers_gives_the_answer(template):
+  rng = np.random.default_rng(11)
+  for level in (2, 3, 4):
+    for _ in range(30):
+      example, _ = synthetic.make_example(rng, template, level)
+      numbers = iter(re.findall(r'\d+', example['question']))
+      expression = re.sub(r'[a-d]', lambda _: next(numbers),
+                          example['shape'])
+      assert next(numbers, None) is None, example
+      assert calculator.calculator(expression) == example['answer'], (
+          expression, example)
+
+
+def test_synthetic_examples_name_their_type_and_shape():
+  for example in synthetic.generate('eval', 50, 4):
+    assert example['type'] in synthetic.LEVEL_TEMPLATES[4]
+    assert example['shape'] == synthetic.SHAPES[example['type']]
+  config = _config(source='synthetic_unseen', difficulty=4)
+  records = pipeline.eval_examples(config, WordTokenizer())
+  assert len(records) == 16
+  for record in records:
+    assert record['type'] in synthetic.UNSEEN_TEMPLATES
+    assert record['shape'] == synthetic.SHAPES[record['type']]
+
 def test_synthetic_rejects_bad_arguments():
   with pytest.raises(ValueError, match='difficulty'):
     synthetic.generate('train', 10, difficulty=5)

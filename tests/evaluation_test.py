@@ -1,6 +1,7 @@
 """Tests for agent_tunix.rl.evaluation (a scripted sampler) and the evaluate CLI."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -240,11 +241,13 @@ def test_evaluate_cli_json_has_a_stderr_for_every_accuracy():
 
 def test_evaluate_cli_reads_only_the_eval_file(tmp_path):
   # A user's own test set: data.path's '{split}' names test.jsonl, and no
-  # train.jsonl exists; evaluate reads only the eval split. Training still
-  # refuses the missing train file up front.
+  # train.jsonl exists; evaluate reads only the eval split, here in tool
+  # episodes and per type (the rows' 'type' field). Training still refuses
+  # the missing train file up front.
   (tmp_path / 'test.jsonl').write_text(''.join(
-      json.dumps({'question': f'What is {i} + 1?', 'answer': str(i + 1)})
-      + '\n' for i in range(2)))
+      json.dumps({'question': f'What is {i} + 1?', 'answer': str(i + 1),
+                  'type': 'sum' if i else 'first'})
+      + '\n' for i in range(3)))
   path = str(tmp_path / '{split}.jsonl')
   config = tiny.get_config()
   config.data.source, config.data.path = 'jsonl', path
@@ -256,8 +259,33 @@ def test_evaluate_cli_reads_only_the_eval_file(tmp_path):
       [sys.executable, '-m', 'agent_tunix.evaluate',
        '--config=configs/tiny.py', '--config.data.source=jsonl',
        f'--config.data.path={path}', '--config.eval.pass_at_k=0',
-       '--allow_base'],
+       '--config.data.num_eval_examples=3', '--config.agent.tools=calculator', '--allow_base', '--by_type'],
       cwd=repo, capture_output=True, text=True, timeout=600, check=False)
   assert out.returncode == 0, out.stderr[-2000:]
   result = json.loads(out.stdout.strip().splitlines()[-1])
-  assert result['num_questions'] == 2
+  assert result['num_questions'] == 3
+  assert 'tool_use_rate' in result  # Scored as tool episodes.
+  assert [(name, group['count']) for name, group in
+          result['by_type'].items()] == [('first', 1), ('sum', 2)]
+  for group in result['by_type'].values():
+    assert group['accuracy'] == group['correct'] / group['count']
+  assert result['by_shape'] == {'': {
+      'correct': sum(g['correct'] for g in result['by_type'].values()),
+      'count': 3, 'accuracy': result['accuracy']}}
+  # The same counts as a table on stderr.
+  assert re.search(r'^sum +\d / 2 ', out.stderr, re.M), out.stderr[-500:]
+  assert re.search(r'^\(none\) +\d / 3 ', out.stderr, re.M)
+
+
+def test_accuracy_by_counts_each_group_in_order_of_appearance():
+  examples = [{'answer': '3', 'type': 'b'}, {'answer': '4', 'type': 'a'},
+              {'answer': '5', 'type': 'b'}, {'answer': '6'}]
+  texts = ['<answer>3</answer>', '<answer>4</answer>', '<answer>9</answer>',
+           'no answer']
+  assert evaluation.accuracy_by('type', examples, texts) == {
+      'b': {'correct': 1, 'count': 2, 'accuracy': 0.5},
+      'a': {'correct': 1, 'count': 1, 'accuracy': 1.0},
+      '': {'correct': 0, 'count': 1, 'accuracy': 0.0},
+  }
+  with pytest.raises(ValueError):  # One text per example.
+    evaluation.accuracy_by('type', examples, texts[:3])

@@ -207,7 +207,8 @@ def load_file(path, file_format='jsonl', prompt_column='question',
       rows and logs how many.
 
   Returns:
-    A list of {'question', 'answer'} dicts.
+    A list of {'question', 'answer'} dicts, with 'type' where the row has a
+    'type' field (evaluate --by_type groups by it).
 
   Raises:
     FileNotFoundError: if `path` does not exist.
@@ -258,6 +259,8 @@ def load_file(path, file_format='jsonl', prompt_column='question',
     if problem:
       skipped += 1
       continue
+    if row.get('type') is not None:  # Grouped by evaluate --by_type.
+      example['type'] = str(row['type'])
     examples.append(example)
   if skipped:
     logging.warning(

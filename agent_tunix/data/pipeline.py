@@ -51,8 +51,8 @@ from agent_tunix.data import prompts
 from agent_tunix.data import rubrics
 from agent_tunix.data import synthetic
 
-SOURCES = ('synthetic', 'gsm8k_tfds', 'gsm8k_hf', 'jsonl', 'parquet',
-           'hf_rubrics')
+SOURCES = ('synthetic', 'synthetic_unseen', 'gsm8k_tfds', 'gsm8k_hf',
+           'jsonl', 'parquet', 'hf_rubrics')
 # Sources of rubric rows (data.task='rubric').
 RUBRIC_SOURCES = ('jsonl', 'parquet', 'hf_rubrics')
 TASKS = ('math', 'rubric')
@@ -189,15 +189,15 @@ def _load_file(path, task='math', **columns):
 
 def _load_source(name, config, split, limit):
   """Loads up to `limit` (0 = all) examples of `split` from one source."""
-  if name == 'synthetic':
+  if name in ('synthetic', 'synthetic_unseen'):
     if limit <= 0:
       raise ValueError(
           'Synthetic data is generated, so it needs a count: set '
           'data.num_train_examples and data.num_eval_examples > 0.'
       )
     return synthetic.generate(
-        split, limit, config.data.difficulty, config.data.seed
-    )
+        split, limit, config.data.difficulty, config.data.seed,
+        unseen=name == 'synthetic_unseen')
   if name == 'gsm8k_tfds':
     return gsm8k.load_tfds(split, config.data.path or None, limit)
   if name == 'gsm8k_hf':
@@ -299,6 +299,10 @@ def _prepare(examples, config, tokenizer):
         # Rubric rows: the items (as JSON) and the reference answer.
         'rubric': json.dumps(example.get('rubric', [])),
         'reference': str(example.get('reference', '')),
+        # Synthetic problems name their template and expression shape
+        # (evaluate --by_type); '' for other sources.
+        'type': str(example.get('type', '')),
+        'shape': str(example.get('shape', '')),
         'prompt_tokens': encoded[0],
         'prompt_mask': encoded[1],
     })
@@ -399,7 +403,8 @@ def make_train_iterator(config, tokenizer, process_index=0, process_count=1):
 
 
 def eval_examples(config, tokenizer):
-  """The held-out split as [{'prompt', 'question', 'answer'}, ...] (rubric
+  """The held-out split as [{'prompt', 'question', 'answer', 'type',
+  'shape'}, ...] (type and shape '' except for synthetic problems; rubric
   rows add 'rubric', their items as JSON, and 'reference').
 
   Prompts longer than generation.max_prompt_length tokens (with BOS) are
@@ -408,7 +413,7 @@ def eval_examples(config, tokenizer):
   examples = load_examples(config, 'eval')
   records, dropped = _prepare(examples, config, tokenizer)
   _log_dropped('eval', dropped, len(examples), config)
-  keys = ('prompt', 'question', 'answer')
+  keys = ('prompt', 'question', 'answer', 'type', 'shape')
   if config.data.task == 'rubric':
     keys += ('rubric', 'reference')
   return [{key: r[key] for key in keys} for r in records]

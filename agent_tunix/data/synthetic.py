@@ -16,6 +16,12 @@ Difficulty:
      small model gets wrong in its head and right with a calculator tool
      (`agent.tools='calculator'`).
 
+`unseen=True` (the `synthetic_unseen` data source) draws from five other
+templates whose expression shapes no difficulty draws and the tools
+prompt's worked episodes do not show ((a + b) * c, a * b - c * d,
+a / b + c, a + (b - c) * d, (a - b) / c), at the difficulty's number
+ranges. Every example names its template ('type') and expression ('shape').
+
 Train and eval never overlap, by construction and by check:
   * the split name is part of the generator seed, and
   * every problem has a key (template name and the numbers that determine the
@@ -384,6 +390,126 @@ def _bake_share(rng, level):
   )
 
 
+# Shapes no training template and no worked episode of the tools prompt
+# (data/prompts.py TOOL_FEW_SHOT_EXAMPLES: a + b * c - d, a * b + c * d,
+# a * b * c - d) has: the `synthetic_unseen` source, for measuring whether
+# what a run learned carries to problems shaped differently.
+
+
+def _two_batches(rng, level):
+  name = _pick(rng, _NAMES)
+  treats = _pick(rng, _TREATS)
+  morning, afternoon = _int(rng, _COUNT[level]), _int(rng, _COUNT[level])
+  days = _int(rng, _FACTOR[level])
+  daily = morning + afternoon
+  return Problem(
+      key=('two_batches', morning, afternoon, days),
+      statements=[
+          f'{name} bakes {morning} {treats} every morning and {afternoon} '
+          'every afternoon.',
+          f'{name} does this for {days} days.',
+      ],
+      question=f'How many {treats} does {name} bake in all?',
+      steps=[
+          f'Each day {name} bakes {morning} + {afternoon} = {daily}.',
+          f'Over {days} days: {daily} * {days} = {daily * days}.',
+      ],
+      answer=daily * days,
+  )
+
+
+def _sell_buy(rng, level):
+  name = _pick(rng, _NAMES)
+  (_, sold_goods), (_, bought_goods) = (_pick(rng, _GOODS),
+                                        _pick(rng, _GOODS))
+  sold, price = _int(rng, _FACTOR[level]), _int(rng, _PRICE[level])
+  bought, cost = _int(rng, _FACTOR[level]), _int(rng, _PRICE[level])
+  while bought * cost >= sold * price:  # Something is left.
+    bought, cost = _int(rng, _FACTOR[level]), _int(rng, _PRICE[level])
+  income, spent = sold * price, bought * cost
+  return Problem(
+      key=('sell_buy', sold, price, bought, cost),
+      statements=[
+          f'{name} sells {sold} {sold_goods} at ${price} each.',
+          f'With the money {name} buys {bought} {bought_goods} at ${cost} '
+          'each.',
+      ],
+      question=f'How many dollars does {name} have left?',
+      steps=[
+          f'The sales bring {sold} * {price} = {income} dollars.',
+          f'The purchase costs {bought} * {cost} = {spent} dollars.',
+          f'Left: {income} - {spent} = {income - spent} dollars.',
+      ],
+      answer=income - spent,
+  )
+
+
+def _share_more(rng, level):
+  name = _pick(rng, _NAMES)
+  _, things = _pick(rng, _ITEMS)
+  each, friends = _int(rng, _COUNT[level]), _int(rng, _FACTOR[level])
+  had = _int(rng, _COUNT[level])
+  total = each * friends
+  return Problem(
+      key=('share_more', each, friends, had),
+      statements=[
+          f'{name} shares {total} {things} equally among {friends} friends.',
+          f'Each friend already had {had} {things}.',
+      ],
+      question=f'How many {things} does each friend have now?',
+      steps=[
+          f'Each friend gets {total} / {friends} = {each}.',
+          f'With what they had: {each} + {had} = {each + had}.',
+      ],
+      answer=each + had,
+  )
+
+
+def _savings(rng, level):
+  name = _pick(rng, _NAMES)
+  start = _int(rng, _COUNT[level])
+  spend = _int(rng, _PRICE[level])
+  earn = spend + _int(rng, _PRICE[level])
+  weeks = _int(rng, _FACTOR[level])
+  saved = earn - spend
+  return Problem(
+      key=('savings', start, earn, spend, weeks),
+      statements=[
+          f'{name} has ${start} saved.',
+          f'Each week {name} earns ${earn} and spends ${spend}.',
+      ],
+      question=f'How many dollars does {name} have after {weeks} weeks?',
+      steps=[
+          f'Each week {name} saves {earn} - {spend} = {saved} dollars.',
+          f'In {weeks} weeks that is {saved} * {weeks} = {saved * weeks}.',
+          f'With the savings: {start} + {saved * weeks} = '
+          f'{start + saved * weeks} dollars.',
+      ],
+      answer=start + saved * weeks,
+  )
+
+
+def _boxes(rng, level):
+  name = _pick(rng, _NAMES)
+  _, things = _pick(rng, _ITEMS)
+  boxes, per_box = _int(rng, _FACTOR[level]), _int(rng, _FACTOR[level])
+  kept = _int(rng, _COUNT[level])
+  total = kept + boxes * per_box
+  return Problem(
+      key=('boxes', total, kept, per_box),
+      statements=[
+          f'{name} has {total} {things} and keeps {kept} of them.',
+          f'{name} packs the rest into boxes of {per_box}.',
+      ],
+      question=f'How many boxes does {name} fill?',
+      steps=[
+          f'{name} packs {total} - {kept} = {total - kept} {things}.',
+          f'That fills {total - kept} / {per_box} = {boxes} boxes.',
+      ],
+      answer=boxes,
+  )
+
+
 TEMPLATES: dict[str, Callable[[np.random.Generator, int], Problem]] = {
     'total': _total,
     'difference': _difference,
@@ -398,6 +524,34 @@ TEMPLATES: dict[str, Callable[[np.random.Generator, int], Problem]] = {
     'wage_spend': _wage_spend,
     'trip': _trip,
     'bake_share': _bake_share,
+    'two_batches': _two_batches,
+    'sell_buy': _sell_buy,
+    'share_more': _share_more,
+    'savings': _savings,
+    'boxes': _boxes,
+}
+
+# The expression each template's answer needs, written the usual way with
+# letters for the problem's numbers.
+SHAPES = {
+    'total': 'a + b',
+    'difference': 'a - b',
+    'compare': 'a - b',
+    'price_quantity': 'a * b',
+    'speed_time': 'a * b',
+    'share': 'a / b',
+    'change': 'a - b * c',
+    'packs': 'a + b * c',
+    'packs_give': 'a + b * c - d',
+    'wage': 'a * b * c',
+    'wage_spend': 'a * b * c - d',
+    'trip': 'a * b + c * d',
+    'bake_share': '(a * b - c) / d',
+    'two_batches': '(a + b) * c',
+    'sell_buy': 'a * b - c * d',
+    'share_more': 'a / b + c',
+    'savings': 'a + (b - c) * d',
+    'boxes': '(a - b) / c',
 }
 
 # Templates drawn at each difficulty.
@@ -410,6 +564,10 @@ LEVEL_TEMPLATES = {
         'bake_share'),
     4: ('change', 'packs', 'packs_give', 'wage', 'wage_spend', 'trip'),
 }
+# Templates of the `synthetic_unseen` source, at any difficulty: shapes no
+# level above draws and no worked episode shows.
+UNSEEN_TEMPLATES = ('two_batches', 'sell_buy', 'share_more', 'savings',
+                    'boxes')
 
 
 def _distractor(rng, context):
@@ -449,7 +607,8 @@ def make_example(rng, template, difficulty, num_distractors=0):
       statements.
 
   Returns:
-    A pair (example dict with 'question', 'answer', 'reasoning'; problem key).
+    A pair (example dict with 'question', 'answer', 'reasoning', 'type'
+    (the template) and 'shape' (its `SHAPES` entry); problem key).
   """
   if template not in TEMPLATES:
     raise ValueError(
@@ -470,6 +629,8 @@ def make_example(rng, template, difficulty, num_distractors=0):
       'question': ' '.join(statements + [problem.question]),
       'answer': str(problem.answer),
       'reasoning': ' '.join(steps),
+      'type': template,
+      'shape': SHAPES[template],
   }
   return example, problem.key
 
@@ -488,7 +649,7 @@ def _check_difficulty(difficulty):
     )
 
 
-def generate(split, num_examples, difficulty=2, seed=0):
+def generate(split, num_examples, difficulty=2, seed=0, unseen=False):
   """Generates `num_examples` distinct word problems for a split.
 
   Args:
@@ -496,10 +657,13 @@ def generate(split, num_examples, difficulty=2, seed=0):
     num_examples: How many examples to return (> 0).
     difficulty: 1 to 4 (see module docstring).
     seed: Non-negative integer; same arguments give the same examples.
+    unseen: draw from `UNSEEN_TEMPLATES` instead of the difficulty's
+      templates (the numbers still follow the difficulty).
 
   Returns:
-    A list of dicts with 'question', 'answer' (integer as a string) and
-    'reasoning' (a worked solution ending in 'The answer is N.').
+    A list of dicts with 'question', 'answer' (integer as a string),
+    'reasoning' (a worked solution ending in 'The answer is N.'), 'type'
+    and 'shape' (see `make_example`).
 
   Raises:
     ValueError: on a bad argument, or when the problem space at this difficulty
@@ -519,8 +683,12 @@ def generate(split, num_examples, difficulty=2, seed=0):
   if seed < 0:
     raise ValueError(f'data.seed must be >= 0, got {seed}.')
   want_eval = _SPLIT_CODES[split] == 1
-  rng = np.random.default_rng([seed, _SPLIT_CODES[split], difficulty])
-  templates = LEVEL_TEMPLATES[difficulty]
+  if unseen:
+    rng = np.random.default_rng([seed, _SPLIT_CODES[split], difficulty, 1])
+    templates = UNSEEN_TEMPLATES
+  else:
+    rng = np.random.default_rng([seed, _SPLIT_CODES[split], difficulty])
+    templates = LEVEL_TEMPLATES[difficulty]
   examples, seen = [], set()
   budget = _MAX_DRAWS_PER_EXAMPLE * num_examples
   for _ in range(budget):

@@ -56,6 +56,23 @@ def with_stderr(name, hits):
   return {name: p, f'{name}_stderr': float(np.sqrt(p * (1 - p) / hits.size))}
 
 
+def accuracy_by(field, examples, texts):
+  """Greedy accuracy per value of an example field ('type' or 'shape').
+
+  Returns {value: {'correct': n, 'count': m, 'accuracy': n / m}} in order
+  of first appearance; examples without the field count under ''.
+  """
+  groups = {}
+  for example, text in zip(examples, texts, strict=True):
+    group = groups.setdefault(str(example.get(field, '')),
+                              {'correct': 0, 'count': 0})
+    group['correct'] += int(is_correct(text, example['answer']))
+    group['count'] += 1
+  for group in groups.values():
+    group['accuracy'] = group['correct'] / group['count']
+  return groups
+
+
 def format_scores(metrics):
   """'accuracy 0.250 +- 0.097, ...': each accuracy beside its stderr."""
   return ', '.join(
