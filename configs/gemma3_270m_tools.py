@@ -37,29 +37,21 @@ def get_config(arg=None):
   config.agent.max_turn_tokens = 64
   config.agent.max_tool_output_tokens = 32
   config.generation.kv_cache_size = 512
-  # Sampled closer to the greedy episodes evaluation scores: at 0.9 a
-  # first run's rollouts called the tool in 25-56% of episodes where greedy
-  # decoding called it in 97%.
+  # Sampled closer to the greedy episodes that evaluation scores
+  # (docs/results.md, "Tools": the runs behind this preset's settings).
   config.generation.temperature = 0.7
-  # A small bonus for a call that ran: without it that run's policy
-  # stopped calling within 13 steps and answered from the prompt's numbers.
+  # A small bonus for a call that ran, so that the policy keeps calling.
   config.agent.tool_use_bonus = 0.5
   # No KL term (as DAPO and Dr. GRPO): a short run stays near the base,
   # and dropping it skips the reference log-prob pass (a forward over every
   # episode) in each step.
   config.grpo.beta = 0.0
-  # 4 prompts x 8 episodes: 8 episodes per problem find more groups with a
-  # reward spread than 4 (4 x 4 ended at 5.1% with an earlier prompt), and
-  # 4 problems a step rather than 2 keep an update from following the
-  # format rewards alone when no episode is right (with 2, training seed 7
-  # copied a worked episode's call into every answer within 9 steps and
-  # ended at 0.0%; with 4 it ended at 27.0%). The entropy bonus keeps
-  # sampling varied (without it entropy fell from 0.38 to 0.06-0.08 nats
-  # per token within 36 steps).
+  # 4 prompts x 8 episodes: more groups with a reward spread, and an
+  # update that does not follow the format rewards alone when no episode
+  # is right. The entropy bonus keeps sampling varied.
   config.training.batch_size = 4
   config.grpo.num_generations = 8
   config.grpo.entropy_coeff = 0.01
-  # 36 steps (~45 s each) and two 256-problem evaluations (~4 min each):
-  # 36 minutes on 2 cores, 19.1% -> 32.4% held out (README).
+  # 36 steps and two 256-problem evaluations: about 36 minutes on 2 cores.
   config.training.num_steps = 36
   return base.apply_arg(config, arg)

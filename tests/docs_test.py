@@ -554,6 +554,36 @@ def test_quoted_repository_paths_exist(docs):
   assert not problems, '\n'.join(problems)
 
 
+# The front page stays a front page: what it is, requirements, set-up and
+# the quick start near the top; run histories and grids live in docs/.
+_README_MAX_CHARS = 12000
+_QUICK_START_BY_LINE = 80
+
+
+def test_readme_is_a_front_page():
+  text = _read(os.path.join(_REPO, 'README.md'))
+  assert len(text) <= _README_MAX_CHARS, (
+      f'README.md has {len(text)} characters, more than '
+      f'{_README_MAX_CHARS}: move detail to a page in docs/ and link it.')
+  headings = [number for number, line in _split_fences(text)[0]
+              if re.match(r'#{1,6}\s+Quick start\s*$', line)]
+  assert headings and headings[0] <= _QUICK_START_BY_LINE, (
+      f'README.md: the "Quick start" heading is at line {headings}, not '
+      f'within the first {_QUICK_START_BY_LINE}.')
+  targets = {target.partition('#')[0] for _, target in links(text)}
+  for page in ('docs/data.md', 'docs/serving.md', 'docs/results.md',
+               'docs/configuration.md'):
+    assert page in targets, f'README.md does not link {page}.'
+
+
+def test_readme_names_every_preset():
+  text = ' '.join(_read(os.path.join(_REPO, 'README.md')).split())
+  presets = sorted(name for name in os.listdir(os.path.join(_REPO, 'configs'))
+                   if name.endswith('.py') and name != '__init__.py')
+  missing = [p for p in presets if f'`configs/{p}`' not in text]
+  assert not missing, f'README.md does not name the presets {missing}.'
+
+
 def test_command_flags_are_read_from_the_source():
   main = command_flags('agent_tunix.main')
   # Its own, the one run/errors.py defines on import, config_flags', absl's.
