@@ -25,25 +25,14 @@ result is written next to --output under a temporary name and renamed into
 place when complete, so an interrupted export leaves no partial output.
 Export runs in one process and writes local paths only.
 
-Layouts. qwix adds (lora_alpha / lora_rank) * x A B to the output of every
-adapted weight W, where A spans the dims of W contracted with the input and B
-the rest (N heads, D model dim, H head dim, K kv heads, F hidden dim, r rank):
-
-  tunix weight                  LoRA A, B             Hugging Face weight
-  q_einsum.w [N, D, H]          [D, r], [r, N, H]     q_proj [N*H, D]
-  kv_einsum.w [2, K, D, H]      [D, r], [r, 2, K, H]  k_proj, v_proj [K*H, D]
-  attn_vec_einsum.w [N, H, D]   [N, H, r], [r, D]     o_proj [D, N*H]
-  {gate,up}_proj.kernel [D, F]  [D, r], [r, F]        {gate,up}_proj [F, D]
-  down_proj.kernel [F, D]       [F, r], [r, D]        down_proj [D, F]
-
-with q_proj[n*H + h, d] = q_einsum.w[n, d, h] and o_proj[d, n*H + h] =
-attn_vec_einsum.w[n, h, d]. So the merged weight is W + (alpha / r) * A B in
-the tunix layout, mapped like any other weight. PEFT stores lora_A [r, in]
-and lora_B [out, r] and adds (lora_alpha / r) * B A to the [out, in] weight:
-the same scale, with A and B transposed and flattened into those layouts (k
-and v share the LoRA A of kv_einsum). Hugging Face stores RMSNorm weights as
-tunix does (the layer multiplies by 1 + w); llama.cpp stores 1 + w for Gemma
-3 and w for Gemma 4 (models/gemma4_gguf.py has Gemma 4's GGUF layout).
+Layouts. models/gemma3_hf.py holds Gemma 3's Hugging Face layout (and how
+qwix's LoRA factors map to it and to PEFT's), models/gemma3_gguf.py its GGUF
+layout and the GGUF file writer; models/gemma4_hf.py and
+models/gemma4_gguf.py hold Gemma 4's. This module merges the LoRA into the
+weights (W + (alpha / r) * A B in the tunix layout), maps every weight
+through the family's layout and writes the files. A model or weight the
+layouts cannot hold raises their `gemma3_hf.LayoutError`, which the command
+reports as it does an ExportError.
 
 Caveat for 'peft': the adapter was trained on the base weights this project
 loaded. With the default GGUF source those are Q4_K_M-quantized, so applying
@@ -52,7 +41,6 @@ trained policy; 'merged' and 'gguf' contain exactly the weights trained on.
 """
 
 import contextlib
-import itertools
 import json
 import os
 import re
@@ -61,13 +49,11 @@ import tempfile
 
 from absl import logging
 from flax import nnx
-import gguf
 import jax
 import ml_dtypes
 import numpy as np
 import safetensors.numpy
 from sentencepiece import sentencepiece_model_pb2
-from tunix.models.gemma3 import model as model_lib
 
 from agent_tunix import cli
 from agent_tunix import models
@@ -75,6 +61,8 @@ from agent_tunix import storage
 from agent_tunix.config import validation
 from agent_tunix.data import prompts
 from agent_tunix.models import gemma
+from agent_tunix.models import gemma3_gguf
+from agent_tunix.models import gemma3_hf
 from agent_tunix.models import gemma4_gguf
 from agent_tunix.models import gemma4_hf
 from agent_tunix.models import gguf as gguf_lib
@@ -85,76 +73,20 @@ from agent_tunix.run import checkpoint
 from agent_tunix.tpu import sharding
 
 FORMATS = ('peft', 'merged', 'gguf')
-GGUF_DTYPES = ('f32', 'f16', 'q8_0')
 HF_DTYPES = {
     'float32': np.float32,
     'float16': np.float16,
     'bfloat16': ml_dtypes.bfloat16,
 }
-# The Hugging Face checkpoint of each preset: a PEFT adapter's base model.
-HF_REPOS = {
-    'gemma3_270m': 'google/gemma-3-270m',
-    'gemma3_270m_it': 'google/gemma-3-270m-it',
-    'gemma3_1b_pt': 'google/gemma-3-1b-pt',
-    'gemma3_1b_it': 'google/gemma-3-1b-it',
-    'gemma3_4b_pt': 'google/gemma-3-4b-pt',
-    'gemma3_4b_it': 'google/gemma-3-4b-it',
-    'gemma3_12b_pt': 'google/gemma-3-12b-pt',
-    'gemma3_12b_it': 'google/gemma-3-12b-it',
-    'gemma3_27b_pt': 'google/gemma-3-27b-pt',
-    'gemma3_27b_it': 'google/gemma-3-27b-it',
-}
-# Presets whose Hugging Face checkpoint is Gemma3ForConditionalGeneration
-# (text and vision); its text layers are model.language_model.layers.N
-# (transformers >= 4.52).
-_MULTIMODAL = ('gemma3_4b_pt', 'gemma3_4b_it', 'gemma3_12b_pt',
-               'gemma3_12b_it', 'gemma3_27b_pt', 'gemma3_27b_it')
-# Presets with a 32k context; the others have 128k.
-_SHORT_CONTEXT = ('gemma3_270m', 'gemma3_270m_it', 'gemma3_1b_pt',
-                  'gemma3_1b_it', 'tiny')
-RMS_NORM_EPS = 1e-6  # tunix's RMSNorm.
 # Safetensors files are split into shards of at most this many bytes.
 MAX_SHARD_BYTES = 4 << 30
 
 # Adapted tunix weight (path below layers.N) -> einsum of its LoRA delta
-# 'A,B->W' (see the module docstring).
+# 'A,B->W' (models/gemma3_hf.py).
 _DELTA_EINSUM = {
-    'attn.q_einsum.w': 'dr,rnh->ndh',
-    'attn.kv_einsum.w': 'dr,rckh->ckdh',
-    'attn.qkv_einsum.w': 'dr,rsnh->sndh',
-    'attn.attn_vec_einsum.w': 'nhr,rd->nhd',
-    'mlp.gate_proj.kernel': 'ir,ro->io',
-    'mlp.up_proj.kernel': 'ir,ro->io',
-    'mlp.down_proj.kernel': 'ir,ro->io',
+    **gemma3_hf.LORA_DELTA_EINSUM,
     **gemma4_hf.LORA_DELTA_EINSUM,
 }
-# tunix RMSNorm (path below layers.N) -> Hugging Face module.
-_HF_NORMS = {
-    'pre_attention_norm.scale': 'input_layernorm',
-    'post_attention_norm.scale': 'post_attention_layernorm',
-    'pre_ffw_norm.scale': 'pre_feedforward_layernorm',
-    'post_ffw_norm.scale': 'post_feedforward_layernorm',
-    'attn._query_norm.scale': 'self_attn.q_norm',
-    'attn._key_norm.scale': 'self_attn.k_norm',
-}
-# Hugging Face module (below model.layers.N) -> llama.cpp tensor (blk.N.*).
-_GGUF_NAMES = {
-    'self_attn.q_proj': 'attn_q',
-    'self_attn.k_proj': 'attn_k',
-    'self_attn.v_proj': 'attn_v',
-    'self_attn.o_proj': 'attn_output',
-    'mlp.gate_proj': 'ffn_gate',
-    'mlp.up_proj': 'ffn_up',
-    'mlp.down_proj': 'ffn_down',
-    'input_layernorm': 'attn_norm',
-    'post_attention_layernorm': 'post_attention_norm',
-    'pre_feedforward_layernorm': 'ffn_norm',
-    'post_feedforward_layernorm': 'post_ffw_norm',
-    'self_attn.q_norm': 'attn_q_norm',
-    'self_attn.k_norm': 'attn_k_norm',
-}
-_LAYER_RE = re.compile(r'layers\.(\d+)\.(.+)')
-_HF_LAYER_RE = re.compile(r'model\.layers\.(\d+)\.(.+)\.weight')
 # A Gemma chat template (Jinja, as Hugging Face and llama.cpp read it): a
 # system message is put in front of the next user turn, as
 # data/prompts.chat_prompt does.
@@ -314,14 +246,6 @@ def _host(x):
   return np.asarray(jax.device_get(x), dtype=np.float32)
 
 
-def _split_layer(name):
-  """'layers.3.attn.q_einsum.w' -> (3, 'attn.q_einsum.w')."""
-  m = _LAYER_RE.fullmatch(name)
-  if not m:
-    raise ExportError(f'Parameter {name!r} is not in a decoder layer.')
-  return int(m.group(1)), m.group(2)
-
-
 def lora_pairs(model):
   """{adapted weight path: (A, B)} of a model's LoRA, float32 on the host."""
   flat = {
@@ -333,7 +257,7 @@ def lora_pairs(model):
     if not name.endswith('_lora_a'):
       continue
     weight = name[:-len('_lora_a')]
-    _, sub = _split_layer(weight)
+    _, sub = gemma3_hf.split_layer(weight)
     if sub not in _DELTA_EINSUM:
       raise ExportError(
           f'LoRA on {weight!r} cannot be exported: only '
@@ -347,7 +271,7 @@ def lora_pairs(model):
 
 def lora_delta(weight, a, b):
   """The unscaled LoRA product A B of `weight`, in the weight's layout."""
-  _, sub = _split_layer(weight)
+  _, sub = gemma3_hf.split_layer(weight)
   return np.einsum(_DELTA_EINSUM[sub], a, b)
 
 
@@ -373,61 +297,18 @@ def merged_params(model, model_cfg):
 # ------------------------------------------------------ Hugging Face names
 
 
-def _heads_to_rows(w):
-  """[X, D, H] (tunix q/k/v) -> [X*H, D] (HF q/k/v_proj)."""
-  x, d, h = w.shape
-  return w.transpose(0, 2, 1).reshape(x * h, d)
-
-
-def hf_tensors(name, w):
-  """Hugging Face Gemma 3 (name, array) pairs of one tunix parameter."""
-  if name == 'embedder.input_embedding':
-    return [('model.embed_tokens.weight', w)]
-  if name == 'final_norm.scale':
-    return [('model.norm.weight', w)]
-  layer, sub = _split_layer(name)
-  pre = f'model.layers.{layer}.'
-  if sub == 'attn.q_einsum.w':
-    return [(pre + 'self_attn.q_proj.weight', _heads_to_rows(w))]
-  if sub in ('attn.kv_einsum.w', 'attn.qkv_einsum.w'):
-    parts = ('k', 'v') if sub == 'attn.kv_einsum.w' else ('q', 'k', 'v')
-    return [(f'{pre}self_attn.{p}_proj.weight', _heads_to_rows(x))
-            for p, x in zip(parts, w)]
-  if sub == 'attn.attn_vec_einsum.w':
-    n, h, d = w.shape
-    return [(pre + 'self_attn.o_proj.weight', w.reshape(n * h, d).T)]
-  m = re.fullmatch(r'mlp\.(gate|up|down)_proj\.kernel', sub)
-  if m:
-    return [(f'{pre}mlp.{m.group(1)}_proj.weight', w.T)]
-  if sub in _HF_NORMS:
-    return [(pre + _HF_NORMS[sub] + '.weight', w)]
-  raise ExportError(f'No Hugging Face name for parameter {name!r}.')
-
-
 def hf_state(model, model_cfg):
   """Yields the merged model as Hugging Face (name, float32 array) pairs."""
   to_hf = (gemma4_hf.hf_tensors if gemma.is_gemma4(model_cfg.preset)
-           else hf_tensors)
+           else gemma3_hf.hf_tensors)
   for name, w in merged_params(model, model_cfg):
     for hf_name, x in to_hf(name, w):
       yield hf_name, np.ascontiguousarray(x)
 
 
-def gguf_name(hf_name):
-  """llama.cpp's name of a Hugging Face Gemma 3 tensor."""
-  if hf_name == 'model.embed_tokens.weight':
-    return 'token_embd.weight'
-  if hf_name == 'model.norm.weight':
-    return 'output_norm.weight'
-  m = _HF_LAYER_RE.fullmatch(hf_name)
-  if not m or m.group(2) not in _GGUF_NAMES:
-    raise ExportError(f'No GGUF name for {hf_name!r}.')
-  return f'blk.{m.group(1)}.{_GGUF_NAMES[m.group(2)]}.weight'
-
-
 def peft_factors(weight, a, b):
   """[(HF module, lora_A [r, in], lora_B [out, r])] of one tunix LoRA."""
-  _, sub = _split_layer(weight)
+  _, sub = gemma3_hf.split_layer(weight)
   rank = a.shape[-1]
   if sub in ('attn.q_einsum.w', 'attn.kv_einsum.w', 'attn.qkv_einsum.w'):
     # A [D, r]; B [r, N, H], or [r, 2|3, X, H] for the stacked ones.
@@ -446,7 +327,7 @@ def peft_factors(weight, a, b):
 
 def peft_prefix(preset):
   """Where a preset's decoder layers are in PEFT's names of the HF model."""
-  if preset in _MULTIMODAL or gemma.is_gemma4(preset):
+  if preset in gemma3_hf.MULTIMODAL or gemma.is_gemma4(preset):
     return 'base_model.model.model.language_model.layers.'
   return 'base_model.model.model.layers.'
 
@@ -458,7 +339,7 @@ def peft_target_modules(preset, modules):
   regex over the language model's layers, since the vision tower has
   q_proj etc. too.
   """
-  if preset not in _MULTIMODAL and not gemma.is_gemma4(preset):
+  if preset not in gemma3_hf.MULTIMODAL and not gemma.is_gemma4(preset):
     return sorted({m.split('.')[-1] for m in modules})
   alternatives = '|'.join(re.escape(m) for m in sorted(modules))
   return rf'model\.language_model\.layers\.\d+\.({alternatives})'
@@ -467,7 +348,7 @@ def peft_target_modules(preset, modules):
 def peft_state(model, prefix='base_model.model.model.layers.'):
   """Yields the PEFT adapter's (name, float32 array) pairs."""
   for weight, (a, b) in lora_pairs(model).items():
-    layer, _ = _split_layer(weight)
+    layer, _ = gemma3_hf.split_layer(weight)
     for module, lora_a, lora_b in peft_factors(weight, a, b):
       base = f'{prefix}{layer}.{module}'
       yield base + '.lora_A.weight', np.ascontiguousarray(lora_a)
@@ -481,82 +362,18 @@ def context_length(preset):
   if gemma.is_gemma4(preset):  # 128k for E2B / E4B, 256k for the others.
     small = preset.startswith(('gemma4_e2b', 'gemma4_e4b', 'tiny_gemma4'))
     return 131072 if small else 262144
-  return 32768 if preset in _SHORT_CONTEXT else 131072
-
-
-def layer_types(cfg):
-  """'sliding_attention' / 'full_attention' per layer, as tunix builds them."""
-  pattern = itertools.cycle(model_lib.GEMMA3_ATTENTION_PATTERN)
-  return [
-      'sliding_attention' if kind == model_lib.AttentionType.LOCAL_SLIDING
-      else 'full_attention'
-      for _, kind in zip(range(cfg.num_layers), pattern)
-  ]
-
-
-def query_pre_attn_scalar(cfg):
-  """HF scales queries by this**-0.5; tunix's QueryPreAttentionNormalisation."""
-  norm = model_lib.QueryPreAttentionNormalisation
-  if cfg.query_pre_attn_norm == norm.BY_ONE_OVER_SQRT_HEAD_DIM:
-    return cfg.head_dim
-  if cfg.query_pre_attn_norm == norm.BY_ONE_OVER_SQRT_EMBED_DIM_DIV_NUM_HEADS:
-    return cfg.embed_dim // cfg.num_heads
-  raise ExportError(f'Unknown query_pre_attn_norm {cfg.query_pre_attn_norm}.')
-
-
-def _check_exportable(cfg):
-  if cfg.local_scale_factor != 1.0:
-    raise ExportError(
-        f'local_scale_factor={cfg.local_scale_factor}: Hugging Face and '
-        'llama.cpp Gemma 3 only scale the RoPE of global layers.'
-    )
-  if cfg.vision_config is not None:
-    raise ExportError('Only text-only Gemma 3 models can be exported.')
+  return gemma3_hf.context_length(preset)
 
 
 def hf_config(config, tokenizer, dtype='float32'):
-  """config.json (Gemma3ForCausalLM; Gemma 4: see gemma4_hf.hf_config)."""
+  """config.json (Gemma 3: gemma3_hf.hf_config; Gemma 4: gemma4_hf's)."""
   cfg = gemma.model_config(config.model)
   token_ids = {'bos_token_id': tokenizer.bos_id(),
                'eos_token_id': tokenizer.eos_id(),
                'pad_token_id': max(tokenizer.pad_id(), 0)}
-  if gemma.is_gemma4(config.model.preset):
-    return gemma4_hf.hf_config(
-        cfg, context_length(config.model.preset), token_ids, dtype)
-  _check_exportable(cfg)
-  rope_scaling = None
-  if cfg.global_scale_factor != 1.0:
-    rope_scaling = {'rope_type': 'linear',
-                    'factor': float(cfg.global_scale_factor)}
-  return {
-      'architectures': ['Gemma3ForCausalLM'],
-      'model_type': 'gemma3_text',
-      'vocab_size': cfg.num_embed,
-      'hidden_size': cfg.embed_dim,
-      'intermediate_size': cfg.hidden_dim,
-      'num_hidden_layers': cfg.num_layers,
-      'num_attention_heads': cfg.num_heads,
-      'num_key_value_heads': cfg.num_kv_heads,
-      'head_dim': cfg.head_dim,
-      'hidden_activation': 'gelu_pytorch_tanh',
-      'max_position_embeddings': context_length(config.model.preset),
-      'rms_norm_eps': RMS_NORM_EPS,
-      'rope_theta': float(cfg.global_base_frequency),
-      'rope_local_base_freq': float(cfg.local_base_frequency),
-      'rope_scaling': rope_scaling,
-      'sliding_window': cfg.sliding_window_size,
-      'layer_types': layer_types(cfg),
-      'query_pre_attn_scalar': query_pre_attn_scalar(cfg),
-      'attention_bias': False,
-      'attention_dropout': 0.0,
-      'attn_logit_softcapping': None,
-      'final_logit_softcapping': None,
-      'tie_word_embeddings': True,
-      'initializer_range': 0.02,
-      'use_cache': True,
-      **token_ids,
-      'torch_dtype': dtype,
-  }
+  family = gemma4_hf if gemma.is_gemma4(config.model.preset) else gemma3_hf
+  return family.hf_config(
+      cfg, context_length(config.model.preset), token_ids, dtype)
 
 
 def peft_config(config, target_modules):
@@ -566,7 +383,8 @@ def peft_config(config, target_modules):
   return {
       'peft_type': 'LORA',
       'task_type': 'CAUSAL_LM',
-      'base_model_name_or_path': HF_REPOS.get(m.preset) or m.path or None,
+      'base_model_name_or_path': (gemma3_hf.HF_REPOS.get(m.preset) or m.path
+                                  or None),
       'r': m.lora_rank,
       'lora_alpha': int(alpha) if float(alpha).is_integer() else alpha,
       'target_modules': target_modules,
@@ -798,27 +616,6 @@ def write_merged(directory, model, tokenizer, config, dtype='float32',
     f.write(_readme(config, 'merged Hugging Face model', step))
 
 
-def _gguf_tensor(name, w, gguf_dtype, norm_shift=1.0):
-  """(data, raw type or None) of one tensor as llama.cpp stores it.
-
-  1-D tensors (norms, Gemma 4's scales and rope_freqs) and Gemma 4's router
-  stay float32; Gemma 3's RMSNorm weights get llama.cpp's +1 (`norm_shift`;
-  0 for Gemma 4, which stores them as they are).
-  """
-  if w.ndim == 1:
-    if norm_shift and not name.endswith('norm.weight'):
-      raise ExportError(f'Unexpected 1-D tensor {name!r}.')
-    shift = norm_shift if name.endswith('norm.weight') else 0.0
-    return (w + np.float32(shift)).astype(np.float32), None
-  if gguf_dtype == 'f32' or gemma4_gguf.stored_f32(name):
-    return w.astype(np.float32), None
-  if gguf_dtype == 'q8_0' and w.shape[-1] % gguf.GGML_QUANT_SIZES[
-      gguf.GGMLQuantizationType.Q8_0][0] == 0:
-    q8 = gguf.GGMLQuantizationType.Q8_0
-    return gguf.quants.quantize(w, q8), q8
-  return w.astype(np.float16), None
-
-
 def write_gguf(path, model, tokenizer, config, gguf_dtype='f32', step=None):
   """Writes the merged model as one llama.cpp GGUF file ('gemma3' or
   'gemma4')."""
@@ -833,9 +630,10 @@ def write_gguf(path, model, tokenizer, config, gguf_dtype='f32', step=None):
         hparams=lambda w: gemma4_gguf.add_hparams(w, cfg, layers, context))
     template = GEMMA4_CHAT_TEMPLATE
   else:
-    tensors = ((gguf_name(name), w) for name, w in hf_state(model, m))
+    tensors = ((gemma3_gguf.gguf_name(name), w)
+               for name, w in hf_state(model, m))
     family, template = {}, CHAT_TEMPLATE
-  write_gguf_file(
+  gemma3_gguf.write_gguf_file(
       path, cfg, tensors, gguf_vocab(m, tokenizer), gguf_dtype,
       name=(f'{m.preset} (agent_tunix'
             f'{"" if step is None else f", step {step}"})'),
@@ -843,118 +641,6 @@ def write_gguf(path, model, tokenizer, config, gguf_dtype='f32', step=None):
       context=context,
       chat_template=template if _uses_chat(config) else None,
       **family)
-
-
-def _gemma3_hparams(writer, cfg, context):
-  """The 'gemma3.*' hyperparameters llama.cpp reads."""
-  writer.add_context_length(context)
-  writer.add_embedding_length(cfg.embed_dim)
-  writer.add_block_count(cfg.num_layers)
-  writer.add_feed_forward_length(cfg.hidden_dim)
-  writer.add_head_count(cfg.num_heads)
-  writer.add_head_count_kv(cfg.num_kv_heads)
-  writer.add_key_length(cfg.head_dim)
-  writer.add_value_length(cfg.head_dim)
-  writer.add_layer_norm_rms_eps(RMS_NORM_EPS)
-  writer.add_rope_freq_base(float(cfg.global_base_frequency))
-  writer.add_rope_freq_base_swa(float(cfg.local_base_frequency))
-  writer.add_sliding_window(cfg.sliding_window_size)
-  if cfg.global_scale_factor != 1.0:
-    writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-    writer.add_rope_scaling_factor(float(cfg.global_scale_factor))
-
-
-def _add_vocab(writer, vocab):
-  """tokenizer.ggml.*: SentencePiece ('llama') or BPE ('gemma4', merges)."""
-  writer.add_tokenizer_model(vocab.model)
-  if vocab.model == 'llama':
-    writer.add_tokenizer_pre('default')
-  # The 262k-entry arrays, with their item type given: gguf-py would
-  # otherwise check the type of every item, which takes seconds.
-  arrays = [
-      (gguf.Keys.Tokenizer.LIST, list(vocab.tokens), gguf.GGUFValueType.STRING),
-      (gguf.Keys.Tokenizer.SCORES,
-       np.asarray(vocab.scores, np.float32).tolist(),
-       gguf.GGUFValueType.FLOAT32),
-      (gguf.Keys.Tokenizer.TOKEN_TYPE,
-       np.asarray(vocab.token_types, np.int32).tolist(),
-       gguf.GGUFValueType.INT32),
-  ]
-  if vocab.merges:
-    arrays.append((gguf.Keys.Tokenizer.MERGES, list(vocab.merges),
-                   gguf.GGUFValueType.STRING))
-  for key, values, item_type in arrays:
-    writer.add_key_value(key, values, gguf.GGUFValueType.ARRAY,
-                         sub_type=item_type)
-  special = vocab.special_ids
-  for key, add in (('bos', writer.add_bos_token_id),
-                   ('eos', writer.add_eos_token_id),
-                   ('unk', writer.add_unk_token_id),
-                   ('pad', writer.add_pad_token_id)):
-    if key in special:
-      add(int(special[key]))
-  writer.add_add_bos_token(True)
-  writer.add_add_eos_token(False)
-  writer.add_add_space_prefix(False)
-
-
-def write_gguf_file(path, cfg, tensors, vocab, gguf_dtype='f32', name='',
-                    description='', context=32768, chat_template=None,
-                    arch='gemma3', hparams=None):
-  """Writes a 'gemma3' (or, with `arch` and `hparams`, 'gemma4') GGUF file.
-
-  Args:
-    path: the file to write.
-    cfg: the tunix ModelConfig (hyperparameter metadata).
-    tensors: iterable of (llama.cpp name, float32 array in the Hugging Face
-      layout; RMSNorm weights as tunix stores them, without Gemma 3's +1).
-    vocab: a tokenizer.GGUFVocab with one piece per embedding row.
-    gguf_dtype: one of GGUF_DTYPES.
-    name: general.name.
-    description: general.description.
-    context: gemma3.context_length.
-    chat_template: tokenizer.chat_template, or None.
-    arch: general.architecture.
-    hparams: writes the architecture's hyperparameters (default Gemma 3's).
-  """
-  if gguf_dtype not in GGUF_DTYPES:
-    raise ExportError(
-        f'--gguf_dtype={gguf_dtype!r} is not one of {list(GGUF_DTYPES)}.'
-    )
-  if hparams is None:
-    _check_exportable(cfg)
-  if len(vocab.tokens) != cfg.num_embed:
-    raise ExportError(
-        f'The tokenizer has {len(vocab.tokens)} pieces, the model '
-        f'{cfg.num_embed} embeddings; set config.model.tokenizer_path to '
-        'the matching tokenizer.'
-    )
-  writer = gguf.GGUFWriter(path, arch)
-  writer.add_type('model')
-  writer.add_name(name)
-  writer.add_description(description)
-  if hparams is None:
-    _gemma3_hparams(writer, cfg, context)
-  else:
-    hparams(writer)
-  writer.add_file_type({
-      'f32': gguf.LlamaFileType.ALL_F32,
-      'f16': gguf.LlamaFileType.MOSTLY_F16,
-      'q8_0': gguf.LlamaFileType.MOSTLY_Q8_0,
-  }[gguf_dtype])
-  if gguf_dtype == 'q8_0':
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-  _add_vocab(writer, vocab)
-  if chat_template:
-    writer.add_chat_template(chat_template)
-  norm_shift = 1.0 if arch == 'gemma3' else 0.0
-  for tensor_name, w in tensors:
-    data, raw_dtype = _gguf_tensor(tensor_name, w, gguf_dtype, norm_shift)
-    writer.add_tensor(tensor_name, data, raw_dtype=raw_dtype)
-  writer.write_header_to_file()
-  writer.write_kv_data_to_file()
-  writer.write_tensors_to_file()
-  writer.close()
 
 
 # ------------------------------------------------------------------ output
@@ -1076,15 +762,15 @@ def export(model, tokenizer, config, fmt, output, overwrite=False, step=None,
 
   Raises:
     ExportError: bad arguments or an existing output (nothing is written).
+    gemma3_hf.LayoutError: a model the layout of `fmt` cannot hold.
   """
   if fmt not in FORMATS:
     raise ExportError(f'--format={fmt!r} is not one of {list(FORMATS)}.')
   if dtype not in HF_DTYPES:
     raise ExportError(f'--dtype={dtype!r} is not one of {sorted(HF_DTYPES)}.')
-  if gguf_dtype not in GGUF_DTYPES:
-    raise ExportError(
-        f'--gguf_dtype={gguf_dtype!r} is not one of {list(GGUF_DTYPES)}.'
-    )
+  if gguf_dtype not in gemma3_gguf.GGUF_DTYPES:
+    raise ExportError(f'--gguf_dtype={gguf_dtype!r} is not one of '
+                      f'{list(gemma3_gguf.GGUF_DTYPES)}.')
   if jax.process_count() > 1:
     raise ExportError('Export runs in a single process; start it without '
                       'jax.distributed (one host).')
@@ -1137,7 +823,7 @@ def _define_flags():
           'dtype', 'float32', sorted(HF_DTYPES),
           'Weight dtype of --format=merged.'),
       'gguf_dtype': flags.DEFINE_enum(
-          'gguf_dtype', 'f32', GGUF_DTYPES,
+          'gguf_dtype', 'f32', gemma3_gguf.GGUF_DTYPES,
           'Tensor type of --format=gguf (1-D tensors stay f32).'),
   }
 
@@ -1156,7 +842,8 @@ def main(argv, flag_values):
     path = export(model, tokenizer, f['config'], f['format'], f['output'],
                   overwrite=f['overwrite'], step=step, dtype=f['dtype'],
                   gguf_dtype=f['gguf_dtype'])
-  except (ExportError, validation.ConfigError) as e:
+  except (ExportError, gemma3_hf.LayoutError,
+          validation.ConfigError) as e:
     raise SystemExit(f'export: {e}') from e
   print(path, flush=True)
 

@@ -44,6 +44,8 @@ from agent_tunix import generate
 from agent_tunix import storage
 from agent_tunix.data import prompts
 from agent_tunix.models import gemma
+from agent_tunix.models import gemma3_gguf
+from agent_tunix.models import gemma3_hf
 from agent_tunix.models import gguf as gguf_lib
 from agent_tunix.models import lora
 from agent_tunix.models import tokenizer as tokenizer_lib
@@ -191,7 +193,7 @@ def _hf_base_weights(model):
   state = nnx.state(model, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)))
   for path, var in nnx.to_flat_state(state):
     name = '.'.join(map(str, path))
-    out.update(export.hf_tensors(name, np.asarray(var[...], np.float32)))
+    out.update(gemma3_hf.hf_tensors(name, np.asarray(var[...], np.float32)))
   return out
 
 
@@ -248,7 +250,7 @@ def test_merged_config(run, merged_dir):
 
 
 def test_layer_types_follow_the_tunix_pattern():
-  seven = export.layer_types(
+  seven = gemma3_hf.layer_types(
       dataclasses.replace(gemma.tiny_config(), num_layers=7))
   assert seven == ['sliding_attention'] * 5 + ['full_attention',
                                                 'sliding_attention']
@@ -371,7 +373,7 @@ def test_peft_factors_give_the_merged_delta(sub, a_shape, b_shape):
   a = rng.standard_normal(a_shape).astype(np.float32)
   b = rng.standard_normal(b_shape).astype(np.float32)
   weight = 'layers.5.' + sub
-  hf = dict(export.hf_tensors(weight, export.lora_delta(weight, a, b)))
+  hf = dict(gemma3_hf.hf_tensors(weight, export.lora_delta(weight, a, b)))
   factors = export.peft_factors(weight, a, b)
   names = [f'model.layers.5.{module}.weight' for module, _, _ in factors]
   assert sorted(names) == sorted(hf)
@@ -482,7 +484,7 @@ def test_gguf_export_round_trips_through_the_gguf_loader(run, policy,
   assert meta['gemma3.context_length'] == 32768
 
 
-@pytest.mark.parametrize('gguf_dtype', export.GGUF_DTYPES)
+@pytest.mark.parametrize('gguf_dtype', gemma3_gguf.GGUF_DTYPES)
 def test_gguf_writer_round_trip(tmp_path, gguf_dtype):
   """Every tensor type, read by gguf-py's GGUFReader and this project's loader.
 
@@ -501,8 +503,8 @@ def test_gguf_writer_round_trip(tmp_path, gguf_dtype):
       for path, var in nnx.to_flat_state(
           nnx.state(gemma.abstract_model(cfg), nnx.Param))
   }
-  tensors = [(export.gguf_name(hf_name), x) for name, w in flat.items()
-             for hf_name, x in export.hf_tensors(name, w)]
+  tensors = [(gemma3_gguf.gguf_name(hf_name), x) for name, w in flat.items()
+             for hf_name, x in gemma3_hf.hf_tensors(name, w)]
   vocab = tokenizer_lib.GGUFVocab(
       tokens=['<pad>', '<eos>', '<bos>', '<unk>'] + [
           f'piece{i}' for i in range(4, 256)],
@@ -510,8 +512,8 @@ def test_gguf_writer_round_trip(tmp_path, gguf_dtype):
       token_types=np.array([3, 3, 3, 2] + [1] * 252, np.int32),
       special_ids={'pad': 0, 'eos': 1, 'bos': 2, 'unk': 3}, digest='')
   path = str(tmp_path / 'small.gguf')
-  export.write_gguf_file(path, cfg, tensors, vocab, gguf_dtype, name='small',
-                         chat_template=export.CHAT_TEMPLATE)
+  gemma3_gguf.write_gguf_file(path, cfg, tensors, vocab, gguf_dtype,
+                              name='small', chat_template=export.CHAT_TEMPLATE)
 
   reader = gguf.GGUFReader(path)
   assert reader.fields['general.architecture'].contents() == 'gemma3'

@@ -27,6 +27,7 @@ from agent_tunix import export
 from agent_tunix import models
 from agent_tunix.agent import formats
 from agent_tunix.models import gemma
+from agent_tunix.models import gemma3_gguf
 from agent_tunix.models import lora
 from agent_tunix.rl import logprobs
 from agent_tunix.tpu import sharding
@@ -286,9 +287,9 @@ def test_a_tokenizer_json_becomes_a_bpe_gguf_vocabulary(tmp_path):
   assert isinstance(tok, tokenizer_lib.JsonTokenizer)
   gguf_vocab = export.gguf_vocab(config.model, tok)
   path = str(tmp_path / 'vocab.gguf')
-  export.write_gguf_file(path, types.SimpleNamespace(num_embed=len(vocab)),
-                         [], gguf_vocab, arch='gemma4',
-                         hparams=lambda writer: None)
+  gemma3_gguf.write_gguf_file(
+      path, types.SimpleNamespace(num_embed=len(vocab)), [], gguf_vocab,
+      arch='gemma4', hparams=lambda writer: None)
   fields = gguf.GGUFReader(path).fields
 
   def strings(key):
@@ -353,9 +354,9 @@ def test_a_gemma4_gguf_vocabulary_becomes_its_tokenizer_again(tmp_path):
   original = tokenizer_lib.JsonTokenizer(json_path)
   vocab = original.gguf_vocab()
   path = str(tmp_path / 'vocab.gguf')
-  export.write_gguf_file(path, types.SimpleNamespace(
+  gemma3_gguf.write_gguf_file(path, types.SimpleNamespace(
       num_embed=len(vocab.tokens)), [], vocab, arch='gemma4',
-                         hparams=lambda writer: None)
+                              hparams=lambda writer: None)
   config = tiny_gemma4.get_config()
   config.model.source, config.model.path = 'gguf', path
   rebuilt = gemma.load_tokenizer(config.model)
@@ -379,9 +380,9 @@ def test_a_gemma4_gguf_vocabulary_becomes_its_tokenizer_again(tmp_path):
   np.testing.assert_array_equal(again.token_types, vocab.token_types)
   # A 'gemma4' vocabulary without merges cannot be rebuilt: one message.
   bare = str(tmp_path / 'bare.gguf')
-  export.write_gguf_file(bare, types.SimpleNamespace(
+  gemma3_gguf.write_gguf_file(bare, types.SimpleNamespace(
       num_embed=len(vocab.tokens)), [], vocab._replace(merges=()),
-                         arch='gemma4', hparams=lambda writer: None)
+                              arch='gemma4', hparams=lambda writer: None)
   with pytest.raises(ValueError, match="needs tokenizer.ggml.merges, and "
                      "the file has none; set config.model.tokenizer_path"):
     tokenizer_lib.load_gguf_tokenizer(bare)

@@ -1,5 +1,18 @@
 """Gemma 3 and 4 policies: weights by source, tokenizer, LoRA, CPU decode graph.
 
+  gemma        builds and loads the policy by family and source (gguf, hf,
+               kaggle, orbax, random)
+  gguf         Gemma 3 weights from a GGUF file; the GGUF reader
+  gemma3_hf    Gemma 3 in Hugging Face's layout: tensor names, config.json
+  gemma3_gguf  Gemma 3 in llama.cpp's GGUF layout, and the GGUF file writer
+  gemma4       Gemma 4's presets, model class and routing
+  gemma4_hf    Gemma 4 in Hugging Face's layout
+  gemma4_gguf  Gemma 4 in llama.cpp's GGUF layout
+  tokenizer    SentencePiece (Gemma 3) and BPE (Gemma 4) tokenizers, also
+               from GGUF
+  lora         qwix LoRA on the policy
+  decode       the sampler's graph on CPU
+
 A bottom layer: modules here import only each other, never another part of
 agent_tunix.
 """
