@@ -648,3 +648,39 @@ def test_damaged_steps_set_aside_and_saved_anew(tmp_path, caplog):
   assert ckpt.restore_into(*_make(), _data_iter())[1] == 3
   assert ckpt.set_aside_damaged() == {}
   ckpt.close()
+
+
+def test_on_gcs_a_step_whose_objects_vanish_is_set_aside(tmp_path, caplog):
+  """gs://: objects of the newest step deleted by someone else under a
+  running job (a lifecycle rule, a stray `gcloud storage rm`): the next
+  start restores the step before, moves the damaged one aside on the
+  bucket, and saves that step number anew."""
+  import gcs_emulator  # pylint: disable=g-import-not-at-top
+  from agent_tunix import storage  # pylint: disable=g-import-not-at-top
+  with gcs_emulator.emulator('agent-tunix-ckpt') as gcs, mock.patch.dict(
+      os.environ, gcs.env):
+    workdir = f'gs://{gcs.bucket}/run'
+    model, optimizer = _save_steps(workdir, [1, 2, 3])
+    lora = [n for n in gcs.list('run/checkpoints/3/lora/')]
+    assert lora, gcs.list('run/checkpoints/3/')
+    for name in lora:
+      gcs.delete(name)
+    ckpt = checkpoint.Checkpointer(workdir, _config())
+    assert ckpt.restore_into(*_make(), _data_iter())[1] == 2
+    assert list(ckpt.failed_steps) == [3]
+    moved = ckpt.set_aside_damaged()
+    aside = str(moved[3])
+    assert aside.startswith(f'{workdir}/checkpoints/damaged-step-3-'), aside
+    assert 'moved aside to' in caplog.text
+    assert not gcs.list('run/checkpoints/3/')
+    kept = gcs.list(aside.removeprefix(f'gs://{gcs.bucket}/') + '/')
+    assert any(n.endswith('/meta/metadata') for n in kept), kept
+    assert ckpt.all_steps() == [1, 2]
+    it = _data_iter()
+    next(it)
+    assert _save(ckpt, 3, model, optimizer, it)
+    ckpt.close()
+    assert storage.exists(f'{workdir}/checkpoints/3/commit_success.txt')
+    ckpt = checkpoint.Checkpointer(workdir, _config())
+    assert ckpt.restore_into(*_make(), _data_iter())[1] == 3
+    ckpt.close()

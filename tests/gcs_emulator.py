@@ -103,6 +103,17 @@ class Emulator:
     conn.close()
     assert response.status in (200, 409), response.status
 
+  def delete(self, name):
+    """Deletes one object straight at the emulator (as another client)."""
+    conn = http.client.HTTPConnection('127.0.0.1', self.emulator_port,
+                                      timeout=30)
+    conn.request('DELETE', f'/storage/v1/b/{self.bucket}/o/'
+                 + urllib.parse.quote(name, safe=''))
+    response = conn.getresponse()
+    response.read()
+    conn.close()
+    assert response.status in (200, 204), (name, response.status)
+
   def list(self, prefix=''):
     """Object names in the bucket under `prefix` (straight from the
     emulator, not through the proxy)."""
