@@ -207,6 +207,36 @@ def test_disk_cache_survives_a_restart(tmp_path):
   assert server.requests == 1
 
 
+
+def test_disk_cache_on_gcs_survives_a_restart_and_reads_every_process(
+    monkeypatch):
+  """A gs:// workdir: the cache object is rewritten after each batch (no
+  append on Cloud Storage); another process's object is read too."""
+  import gcs_emulator  # pylint: disable=g-import-not-at-top
+  from agent_tunix import storage  # pylint: disable=g-import-not-at-top
+  from agent_tunix.judge import openai_backend  # pylint: disable=g-import-not-at-top
+  with gcs_emulator.emulator('agent-tunix-judge') as gcs, \
+      judge_fixtures.FakeJudge() as server:
+    monkeypatch.setenv('STORAGE_EMULATOR_HOST', gcs.url)
+    workdir = f'gs://{gcs.bucket}/run'
+    path = f'{workdir}/{judge_lib.CACHE_FILE}'
+    for answers in (['Paris.'], ['Paris.', 'Lyon.'], ['Lyon.', 'Paris.']):
+      c = _judge_config(server.url, cache='disk')
+      judge = judge_lib.Judge(c, openai_backend.OpenAIBackend(c), path)
+      judge.score(_tasks(judge, answers))
+      judge.close()
+    assert server.requests == 2  # Paris once, Lyon once.
+    assert len(storage.read_text(path).splitlines()) == 2
+    # Process 1 of a pod keeps its own object; process 0 reads it.
+    storage.write_text(f'{workdir}/judge_cache.1.jsonl',
+                       storage.read_text(path))
+    storage.write_text(path, '')
+    c = _judge_config(server.url, cache='disk')
+    judge = judge_lib.Judge(c, openai_backend.OpenAIBackend(c), path)
+    judge.score(_tasks(judge, ['Lyon.', 'Paris.']))
+    judge.close()
+    assert server.requests == 2
+
 def test_concurrency_is_capped_and_order_kept():
   with judge_fixtures.FakeJudge(default='slow') as server:
     judge = _make(server.url, max_concurrency=2)

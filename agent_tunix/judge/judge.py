@@ -19,11 +19,13 @@ import os
 import time
 
 from absl import logging
+import jax
 import numpy as np
 
 from agent_tunix.data import rubrics
 from agent_tunix.judge import prompts
 from agent_tunix.judge import verdicts as verdicts_lib
+from agent_tunix import storage
 from agent_tunix.rewards import blame
 from agent_tunix.tpu import sharding
 
@@ -78,7 +80,12 @@ class Judge:
         (template or '').encode()).hexdigest()[:16]
     self._cache = {} if judge_config.cache != 'none' else None
     self._cache_path = cache_path if judge_config.cache == 'disk' else None
-    if self._cache_path and os.path.exists(self._cache_path):
+    # gs:// cannot append: the object is rewritten whole after each batch
+    # that added verdicts (its lines kept here).
+    self._remote_lines = ([] if self._cache_path
+                          and storage.is_remote(self._cache_path) else None)
+    self._unsaved = False
+    if self._cache_path:
       self._load_cache()
     self._reset_metrics()
     self.last_verdicts = []
@@ -93,13 +100,26 @@ class Judge:
     return hashlib.sha256(blob.encode()).hexdigest()
 
   def _load_cache(self):
-    with open(self._cache_path, encoding='utf-8') as f:
-      for line in f:
-        try:
-          entry = json.loads(line)
-          self._cache[entry['key']] = (float(entry['score']), entry['met'])
-        except (ValueError, KeyError, TypeError):
-          continue  # A line cut by a crash: its verdict is asked again.
+    """Reads the cache file (on gs://, every process's object)."""
+    if self._remote_lines is None:
+      if not os.path.exists(self._cache_path):
+        return
+      with open(self._cache_path, encoding='utf-8') as f:
+        lines = f.read().splitlines()
+    else:
+      base = self._cache_path.rsplit('/', 1)[0]
+      lines = []
+      for found in storage.glob(base, CACHE_FILE.replace('.jsonl', '*.jsonl')):
+        lines += storage.read_text(str(found)).splitlines()
+      if storage.exists(self._cache_path):
+        self._remote_lines = storage.read_text(
+            self._cache_path).splitlines()
+    for line in lines:
+      try:
+        entry = json.loads(line)
+        self._cache[entry['key']] = (float(entry['score']), entry['met'])
+      except (ValueError, KeyError, TypeError):
+        continue  # A line cut by a crash: its verdict is asked again.
     logging.info('Judge cache: %s verdicts from %s.', len(self._cache),
                  self._cache_path)
 
@@ -107,10 +127,22 @@ class Judge:
     if self._cache is None:
       return
     self._cache[key] = (verdict.score, verdict.met)
-    if self._cache_path:
-      with open(self._cache_path, 'a', encoding='utf-8') as f:
-        f.write(json.dumps({'key': key, 'score': verdict.score,
-                            'met': verdict.met}) + '\n')
+    if not self._cache_path:
+      return
+    line = json.dumps({'key': key, 'score': verdict.score,
+                       'met': verdict.met})
+    if self._remote_lines is not None:
+      self._remote_lines.append(line)
+      self._unsaved = True
+      return
+    with open(self._cache_path, 'a', encoding='utf-8') as f:
+      f.write(line + '\n')
+
+  def _save_remote_cache(self):
+    if self._unsaved:
+      storage.write_text(self._cache_path,
+                         ''.join(f'{line}\n' for line in self._remote_lines))
+      self._unsaved = False
 
   # --------------------------------------------------------------- scoring
   def task(self, question, reference, response, items):
@@ -150,6 +182,7 @@ class Judge:
         self._store(keys[i], verdict)
     for i in todo:
       out[i] = by_key[keys[i]]
+    self._save_remote_cache()
     m = self._metrics
     m['requests'] += len(unique)
     m['cache_hits'] += len(tasks) - len(unique)
@@ -345,7 +378,15 @@ def from_config(config, workdir=None, model=None, tokenizer=None):
     from agent_tunix.judge import gemma_backend  # pylint: disable=g-import-not-at-top
     backend = gemma_backend.GemmaBackend.from_config(config, model, tokenizer,
                                                      template)
-  cache_path = os.path.join(workdir, CACHE_FILE) if workdir else None
+  cache_path = None
+  if workdir:
+    # Processes judge their own rows: on gs:// (a pod's shared workdir)
+    # each keeps its own object, and every process reads them all.
+    name = CACHE_FILE
+    index = jax.process_index()
+    if storage.is_remote(workdir) and index:
+      name = CACHE_FILE.replace('.jsonl', f'.{index}.jsonl')
+    cache_path = f'{workdir.rstrip("/")}/{name}'
   return Judge(c, backend, cache_path, template)
 
 
