@@ -10,10 +10,10 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PACKAGE = os.path.join(_REPO, 'agent_tunix')
 
 # Top to bottom. A module may import from its own layer and any layer after
-# it. Top-level modules (the commands and the notebook API) and bench are
-# the command layer; cli is the lowest.
+# it. Top-level modules (the commands and the notebook API), bench and
+# preflight are the command layer; cli is the lowest.
 LAYERS = (
-    ('commands', ('', 'bench')),
+    ('commands', ('', 'bench', 'preflight')),
     ('run', ('run',)),
     ('observe', ('observe',)),
     ('config', ('config',)),

@@ -1,4 +1,4 @@
-"""Tests for agent_tunix.preflight and tpu_topology.
+"""Tests for agent_tunix.preflight (the package) and tpu_topology.
 
 libtpu (from jax[tpu]) compiles for TPU slices on this CPU machine, so the
 tiny model's training programs are compiled here for real TPU topologies:
@@ -20,7 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agent_tunix import preflight
+from agent_tunix.preflight import abstract
+from agent_tunix.preflight import child
+from agent_tunix.preflight import command
+from agent_tunix.preflight import compiler
+from agent_tunix.preflight import programs as programs_lib
+from agent_tunix.preflight import report
+from agent_tunix.preflight import resident
 from agent_tunix.tpu import sharding
 from agent_tunix.tpu import topology as tpu_topology
 from configs import tiny
@@ -89,8 +95,8 @@ def test_the_gemma_judge_compiles_with_the_policy_programs():
                                      '{split}.jsonl'),
                     'rewards.functions': 'rubric_judge=1',
                     'judge.backend': 'gemma', 'judge.batch_size': 8})
-  assert 'judge' in preflight.runs(config)
-  result = preflight.run(config, 'v5e:2x2', programs=('judge',))
+  assert 'judge' in programs_lib.runs(config)
+  result = command.run(config, 'v5e:2x2', programs=('judge',))
   (judge,) = result['programs']
   assert judge['name'] == 'judge' and judge['fits']
   assert judge['function'] == 'gemma_backend.answer_logps_program'
@@ -98,12 +104,12 @@ def test_the_gemma_judge_compiles_with_the_policy_programs():
   # 4 prompts x 2 completions x 8 items, 8 pairs a call.
   assert judge['calls_per_step'] == 8
   # Without the Gemma judge there is no such program.
-  assert 'judge' not in preflight.runs(_tiny())
+  assert 'judge' not in programs_lib.runs(_tiny())
   # A judge with its own preset: its program reads its weights, and they
   # stay resident beside the policy's (here the same tiny shapes).
   config.judge.preset = 'tiny'
-  assert 'judge' in preflight.runs(config)
-  own = _by_name(preflight.run(config, 'v5e:2x2', programs=('judge',)))
+  assert 'judge' in programs_lib.runs(config)
+  own = _by_name(command.run(config, 'v5e:2x2', programs=('judge',)))
   assert own['judge']['fits']
   assert own['judge']['argument_bytes'] == judge['argument_bytes']
   assert own['judge']['resident_bytes'] > judge['resident_bytes']
@@ -116,19 +122,19 @@ def test_a_judge_preset_counts_in_the_resident_bound():
   config.data.source = 'jsonl'
   config.data.path = str(_REPO / 'data' / 'rubrics' / '{split}.jsonl')
   config.judge.backend = 'gemma'
-  spec, devices = preflight.prepare(config, 'v5e:2x2')
+  spec, devices = command.prepare(config, 'v5e:2x2')
   mesh = sharding.make_mesh(config.mesh, devices=devices)
-  preflight.check_resident(config, mesh, spec, 8 * 2**30)
+  resident.check_resident(config, mesh, spec, 8 * 2**30)
   config.judge.preset = 'gemma3_27b_pt'
-  with pytest.raises(preflight.ResidentOverflow,
+  with pytest.raises(resident.ResidentOverflow,
                      match="its and the judge's frozen weights"):
-    preflight.check_resident(config, mesh, spec, 8 * 2**30)
+    resident.check_resident(config, mesh, spec, 8 * 2**30)
 
 
 def test_tiny_programs_compile_for_one_host():
   config = _tiny(**{'training.batch_size': 4,
                     'training.micro_batch_size': 2})
-  result = preflight.run(config, 'v5e:2x2')
+  result = command.run(config, 'v5e:2x2')
   programs = _by_name(result)
   assert set(programs) == {'rollout_prefill', 'rollout_decode',
                            'reference_logps', 'policy_logps', 'update'}
@@ -151,10 +157,10 @@ def test_tiny_programs_compile_for_one_host():
                       for p in programs.values())
   assert result['step_time_bound_s'] == pytest.approx(expected_step)
   json.dumps(result)  # The --output file.
-  text = preflight.format_report(result)
+  text = report.format_report(result)
   assert 'update' in text and 'FITS' in text
   assert 'episode decode loop' not in text
-  row = preflight.summary_table([result]).splitlines()[-1]
+  row = report.summary_table([result]).splitlines()[-1]
   assert row.startswith(f"| tiny | v5e:2x2 | 4 (1) | {result['largest_program']} |")
   assert '| yes |' in row
 
@@ -172,16 +178,16 @@ def test_tools_compile_the_episode_decode_loop(monkeypatch):
   monkeypatch.setattr(
       episodes, 'from_config',
       lambda *a: built.append(from_config(*a)) or built[-1])
-  call = preflight._Compiler.__call__
+  call = compiler.Compiler.__call__
 
   def spy(self, name, fn, args, *rest, **kwargs):
     seen[name] = (fn, args)
     return call(self, name, fn, args, *rest, **kwargs)
 
-  monkeypatch.setattr(preflight._Compiler, '__call__', spy)
-  spec, devices = preflight.prepare(config, 'v5e:2x2')
+  monkeypatch.setattr(compiler.Compiler, '__call__', spy)
+  spec, devices = command.prepare(config, 'v5e:2x2')
   mesh = sharding.make_mesh(config.mesh, devices=devices)
-  programs, skipped = preflight.compile_programs(
+  programs, skipped = programs_lib.compile_programs(
       config, mesh, tpu_topology.available_hbm_bytes(devices[0]),
       programs=('rollout_prefill', 'rollout_decode'))
   assert not skipped and len(built) == 1
@@ -201,10 +207,10 @@ def test_tools_compile_the_episode_decode_loop(monkeypatch):
   assert f'tensor<{rows}x{width}xi1>' in lowered  # The forced flags.
   by_name = {p.name: p for p in programs}
   decode = by_name['rollout_decode']
-  assert decode.function == preflight.EPISODE_DECODE
+  assert decode.function == programs_lib.EPISODE_DECODE
   assert by_name['rollout_prefill'].function == 'rollout.Rollout.prefill_fn'
   assert decode.calls_per_step == config.generation.max_generation_steps
-  assert decode.argument_bytes >= preflight._per_chip_bytes(args)
+  assert decode.argument_bytes >= compiler.per_chip_bytes(args)
   # The format's stop piece joined the end ids the programs read.
   assert 106 in built[0].rollout.sampler.eos_ids
 
@@ -218,7 +224,7 @@ def test_episodes_report_names_the_episode_decode_loop(field, value):
   config = _tiny(**{f'agent.{field}': value,
                     'training.batch_size': 4,
                     'training.micro_batch_size': 2})
-  result = preflight.run(config, 'v5e:2x2',
+  result = command.run(config, 'v5e:2x2',
                          programs=('rollout_prefill', 'rollout_decode'))
   programs = _by_name(result)
   assert set(programs) == {'rollout_prefill', 'rollout_decode'}
@@ -228,7 +234,7 @@ def test_episodes_report_names_the_episode_decode_loop(field, value):
   assert decode['temp_bytes'] > 0 and decode['flops'] > 0
   assert result['config'][f'agent_{field}'] == value
   json.dumps(result)
-  text = preflight.format_report(result)
+  text = report.format_report(result)
   assert ('rollout_decode is the episode decode loop '
           f'(episodes.EpisodeRollout.decode_fn, agent.{field}={value!r})'
           in text)
@@ -241,7 +247,7 @@ def test_tiny_programs_compile_for_four_hosts():
                     'training.micro_batch_size': 4,
                     'grpo.beta': 0.0,
                     'mesh.shape': (-1, 2)})
-  result = preflight.run(config, 'v5litepod-16')
+  result = command.run(config, 'v5litepod-16')
   assert result['topology']['hosts'] == 4
   assert set(_by_name(result)) == {'rollout_prefill', 'rollout_decode',
                                    'policy_logps', 'update'}
@@ -254,7 +260,7 @@ def test_per_chip_weights_fall_as_fsdp_grows():
     config = _tiny(**{'mesh.shape': (fsdp, 1),
                       'training.batch_size': 4,
                       'training.micro_batch_size': 2})
-    result = preflight.run(config, 'v5e:2x2', programs=('reference_logps',))
+    result = command.run(config, 'v5e:2x2', programs=('reference_logps',))
     args[fsdp] = _by_name(result)['reference_logps']['argument_bytes']
   # The 262144 x 32 embedding dominates and is split over fsdp.
   assert args[4] < 0.35 * args[1], args
@@ -286,10 +292,10 @@ def test_a_config_that_cannot_fit_is_named_with_fixes():
 def test_a_compile_killed_by_the_kernel_is_reported(monkeypatch, keep_going):
   # The compile child kills itself (SIGKILL) as reference_logps starts, as
   # the kernel does out of host memory; the preflight lives on to say so.
-  monkeypatch.setenv(preflight.KILL_AT_ENV, 'reference_logps')
+  monkeypatch.setenv(child.KILL_AT_ENV, 'reference_logps')
   config = _tiny(**{'training.batch_size': 4,
                     'training.micro_batch_size': 2})
-  result = preflight.run(config, 'v5e:2x2',
+  result = command.run(config, 'v5e:2x2',
                          programs=('reference_logps', 'update'),
                          keep_going=keep_going)
   programs = _by_name(result)
@@ -304,9 +310,9 @@ def test_a_compile_killed_by_the_kernel_is_reported(monkeypatch, keep_going):
   assert any('more host RAM' in f for f in killed['fixes'])
   assert '--programs=reference_logps' in ' '.join(killed['fixes'])
   assert 'killed' not in programs.get('update', {})  # Rows stay as they were.
-  text = preflight.format_report(result)
+  text = report.format_report(result)
   assert f"KILLED: reference_logps was {killed['error']}" in text
-  assert preflight.verdict(result).startswith('NOT KNOWN')
+  assert report.verdict(result).startswith('NOT KNOWN')
   assert not result['fits']
   json.dumps(result)
   if keep_going:  # A new child compiles the rest.
@@ -322,10 +328,10 @@ def test_fixes_suggest_only_a_tp_size_the_model_allows():
   spec = tpu_topology.parse('v5litepod-8')
   # The tiny model has 2 attention heads: tp=2 is the widest.
   config = _tiny(**{'mesh.shape': (-1, 1)})
-  text = ' '.join(preflight.fixes(config, program, spec))
+  text = ' '.join(report.fixes(config, program, spec))
   assert "--config.mesh.shape='(-1, 2)'" in text
   config = _tiny(**{'mesh.shape': (-1, 2)})
-  text = ' '.join(preflight.fixes(config, program, spec))
+  text = ' '.join(report.fixes(config, program, spec))
   assert "'tp'" not in text
   assert 'a bigger slice than v5litepod-8' in text
 
@@ -337,7 +343,7 @@ def test_abstract_build_skips_the_tracer_origin_search():
   seen = {}
 
   def probe(x):
-    with preflight._cheap_tracer_attribute_errors():
+    with abstract._cheap_tracer_attribute_errors():
       seen['message'] = type(x)._origin_msg(x)
       seen['default'] = getattr(x, 'sharding', 'missing')
     return x
@@ -367,7 +373,7 @@ def test_update_batch_matches_a_real_rollout(fields):
   session = train.setup(config, '/unused', with_data=True)
   update, *_ = train.rollout_batch(session, next(session.train_iter), 1)
   update['ref_logps'] = np.zeros_like(update['completion_mask'])
-  expected = preflight.update_batch(config, session.mesh)
+  expected = abstract.update_batch(config, session.mesh)
   assert set(update) == set(expected)
   for key, sds in expected.items():
     assert update[key].shape == sds.shape, key
@@ -378,7 +384,7 @@ _PLACEMENT_CHILD = r'''
 import json, sys
 import jax
 from flax import nnx
-from agent_tunix import preflight
+from agent_tunix.preflight import abstract
 from agent_tunix.run import train
 from agent_tunix.tpu import sharding
 from configs import tiny
@@ -386,7 +392,7 @@ from configs import tiny
 config = tiny.get_config()
 config.mesh.shape = (2, 2)
 session = train.setup(config, '/unused', with_data=False)
-model, optimizer = preflight.abstract_policy(config, session.mesh)
+model, optimizer = abstract.abstract_policy(config, session.mesh)
 
 def specs(obj):
   return {'/'.join(map(str, path)): [str(v.get_value().sharding.spec),
@@ -420,11 +426,11 @@ def test_hbm_refusals_in_both_compiler_wordings():
   new = ('RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile '
          'permanent error. Ran out of memory in memory space hbm. Used '
          '15.84G of 15.75G hbm. Exceeded hbm capacity by 99.69M.')
-  assert preflight.hbm_refusal_bytes(old) == tpu_topology.parse_bytes(
+  assert compiler.hbm_refusal_bytes(old) == tpu_topology.parse_bytes(
       '17.25', 'G')
-  assert preflight.hbm_refusal_bytes(new) == tpu_topology.parse_bytes(
+  assert compiler.hbm_refusal_bytes(new) == tpu_topology.parse_bytes(
       '15.84', 'G')
-  assert preflight.hbm_refusal_bytes('INTERNAL: something else') is None
+  assert compiler.hbm_refusal_bytes('INTERNAL: something else') is None
 
 
 def test_gemma4_31b_on_a_small_slice_is_refused_before_compiling():
@@ -447,7 +453,7 @@ def test_tiny_gemma4_programs_compile():
   config = tiny_gemma4.get_config(
       'training.batch_size=4,training.micro_batch_size=2')
   config.mesh.shape = (2, 2)  # Heads over 'tp' too.
-  result = preflight.run(config, 'v5e:2x2')
+  result = command.run(config, 'v5e:2x2')
   programs = _by_name(result)
   assert set(programs) == {'rollout_prefill', 'rollout_decode',
                            'reference_logps', 'policy_logps', 'update'}
@@ -464,7 +470,7 @@ def test_moe_routing_cost_is_in_the_report():
       'model.preset=tiny_gemma4_moe,training.batch_size=4,'
       'training.micro_batch_size=2')
   config.model.lora_experts = True
-  result = preflight.run(config, 'v5e:2x2', programs=('reference_logps',))
+  result = command.run(config, 'v5e:2x2', programs=('reference_logps',))
   moe = result['moe']
   # tiny_gemma4_moe: D 32, 4 experts of H 16, top 2; LoRA rank 4.
   assert moe['router_flops'] == 2 * 32 * 4
@@ -473,7 +479,7 @@ def test_moe_routing_cost_is_in_the_report():
   assert moe['dispatch_elements'] == 2 * 2 * 32
   assert moe == gemma4.moe_costs(
       gemma4.model_config('tiny_gemma4_moe', None), 4)
-  text = preflight.format_report(result)
+  text = report.format_report(result)
   assert ('MoE: 3 layers, top 2 of 4 experts, exact top-k (jax.lax.top_k), '
           'dropless (ragged dot). Per token and layer') in text
   assert '4.17% of the routed experts' in text

@@ -68,8 +68,8 @@ Sections (--skip takes a comma list of their names):
           argument + output - alias bytes (everything the executable holds
           at once, weights included). Both executables are then timed.
   preflight
-          agent_tunix.preflight.run on the same config for the TPU slice
-          --preflight_topology (v5litepod-8; v5litepod-4 with --quick):
+          agent_tunix.preflight.command.run on the same config for the TPU
+          slice --preflight_topology (v5litepod-8; v5litepod-4 with --quick):
           the trainer's programs (rollout prefill, decode loop, log-prob
           passes, update) compiled with libtpu on this machine, no TPU
           needed. Per-device memory is the TPU compiler's; time figures

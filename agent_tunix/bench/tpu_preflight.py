@@ -1,6 +1,6 @@
 """Section preflight: the TPU compiler's figures for the bench's workload.
 
-`agent_tunix.preflight.run` compiles the trainer's own programs (rollout
+`agent_tunix.preflight.command.run` compiles the trainer's own programs (rollout
 prefill, decode loop, log-prob passes, update) for a TPU slice with libtpu,
 on this machine and without a TPU, for the config every other section runs.
 Memory figures are the TPU compiler's, per device; time figures are roofline
@@ -20,9 +20,9 @@ import math
 
 from absl import logging
 
-from agent_tunix import preflight
 from agent_tunix.bench import records
 from agent_tunix.config import validation
+from agent_tunix.preflight import command as preflight
 from agent_tunix.tpu import sharding
 from agent_tunix.tpu import topology as tpu_topology
 
@@ -116,7 +116,7 @@ def preflight_measurement(ctx, topology):
   }
   ours = {
       'name': f'agent_tunix training programs compiled for {topo["name"]} '
-              '(preflight.run)',
+              '(preflight.command.run)',
       'median_s': None,  # Nothing runs: memory is compiled, time a bound.
       'largest_program': result['largest_program'],
       'largest_total_bytes': result['largest_total_bytes'],
