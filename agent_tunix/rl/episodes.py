@@ -135,6 +135,89 @@ def pause_token_ids(tokenizer, texts):
   return np.array(ids, np.int32)
 
 
+@dataclasses.dataclass
+class _Row:
+  """One row's episode while `EpisodeRollout.generate` runs.
+
+  After each decode call the host calls `advance` on every row: it reads
+  the row's newly generated tokens and decides what the row does next (go
+  on in its turn, take an insert and resume, or finish).
+  """
+
+  env: object  # The row's environment.
+  turn_start: int  # Column of the current model turn's first token.
+  end_col: int  # Column of the episode's last real token (so far).
+  finish: str | None = None  # FINISH_* once over; None while it runs.
+  turns: list = dataclasses.field(default_factory=list)  # [(start, end)].
+  segments: list = dataclasses.field(default_factory=list)  # [(role, text)].
+  # Set by `advance` when the turn ended with an insert: (first column,
+  # token ids) to force, and (first, last) columns sampled past a stop
+  # text that become pad (a hole); None otherwise.
+  insert: tuple | None = None
+  hole: tuple | None = None
+
+  def advance(self, host, tokens, step, done, last_col):
+    """Reads the row after a decode call: tool call -> insert its result
+    and resume; final answer or a limit -> done.
+
+    Args:
+      host: the `EpisodeRollout` (turn ends and texts, caps, tokenizer).
+      tokens: the row's token buffer, on the host.
+      step: the last column the decode loop wrote.
+      done: whether the decode loop stopped the row.
+      last_col: the buffer's last column.
+
+    Returns:
+      Whether the row waits (writes pad) in the next decode call.
+    """
+    self.insert = self.hole = None
+    if self.finish is not None:
+      return done
+    end, how = host._turn_end(tokens, self.turn_start, step, done)  # pylint: disable=protected-access
+    closing = ''
+    if how == 'pause':
+      closing = self.env.ends_turn(self._text(host, tokens, end))
+      if closing is None:  # Not complete: the turn goes on, unless capped.
+        if end + 1 - self.turn_start < host.max_turn_tokens:
+          return False
+        how = 'cap'
+    if how is None:  # Still in its turn.
+      if step < last_col:
+        return done
+      self.finish = FINISH_COLUMNS  # Out of columns mid-turn.
+    elif how == 'cap' and host.cap_ends_episode:
+      self.finish = FINISH_TURN_TOKENS
+    text = self._text(host, tokens, end)
+    self.turns.append((self.turn_start, end + 1))
+    self.end_col = end
+    self.segments.append(('model', text))
+    if self.finish is None:
+      self._reply(host, self.env.step(text), closing, step, end, last_col)
+    return self.insert is None
+
+  def _text(self, host, tokens, end):
+    return host._turn_text(tokens[self.turn_start:end + 1])  # pylint: disable=protected-access
+
+  def _reply(self, host, reply, closing, step, end, last_col):
+    """Takes the environment's reply to a finished turn: the episode ends,
+    or its text becomes an insert (`self.insert`) after column `step`."""
+    if reply.done or reply.text is None:
+      self.finish = reply.finish or FINISH_ANSWER
+      return
+    self.segments.append(('tool', _reply_text(reply)))
+    ids = truncate_middle(
+        [int(t) for t in host.tokenizer.encode(closing + reply.text)],
+        host.max_insert_tokens, host._marker_ids)  # pylint: disable=protected-access
+    start = step + 1  # After what the loop wrote.
+    if start + len(ids) + 1 > last_col:  # No room for one sampled token.
+      self.finish = FINISH_COLUMNS
+      return
+    self.insert = (start, ids)
+    self.turn_start = start + len(ids)
+    if end < step:
+      self.hole = (end + 1, step)
+
+
 class EpisodeRollout:
   """Samples multi-turn episodes with a `rollout.Rollout`'s sampler."""
 
@@ -290,6 +373,7 @@ class EpisodeRollout:
     if g < 1:
       raise ValueError(f'num_generations={g} must be >= 1.')
     total_steps = num_prompt + max_steps
+    last_col = total_steps - 1
     greedy = temperature <= 0
     state = roll.init_state(
         prompt_tokens, total_steps, seed, temperature=float(temperature),
@@ -297,24 +381,14 @@ class EpisodeRollout:
         top_k=None if greedy or not top_k else int(top_k))
     params = roll.params
     state = roll.prefill_fn(params, state, num_generations=g)
-    n = num_prompts * g
     examples = [{}] * num_prompts if examples is None else list(examples)
-    envs = []
-    for i in range(n):
-      env = self.make_environment()
-      env.reset(dict(examples[i // g]))
-      envs.append(env)
-    forced_np = np.zeros((n, total_steps), bool)
-    forced_tokens_np = np.zeros((n, total_steps), np.int32)
-    turn_start = np.full((n,), num_prompt, np.int32)
-    finish = [None] * n
-    end_col = np.full((n,), total_steps - 1, np.int64)
-    turns = [[] for _ in range(n)]  # Per row: [(start, end)] of model turns.
-    segments = [[] for _ in range(n)]  # Per row: [(role, text)].
+    episode_rows = [_Row(self._environment(examples[i // g]), num_prompt,
+                         last_col) for i in range(num_prompts * g)]
+    forced_np = np.zeros((len(episode_rows), total_steps), bool)
+    forced_tokens_np = np.zeros((len(episode_rows), total_steps), np.int32)
+    forced, forced_tokens = (self._put_rows(forced_np),
+                             self._put_rows(forced_tokens_np))
     host_seconds, calls = 0.0, 0
-    forced = self._put_rows(forced_np)
-    forced_tokens = self._put_rows(forced_tokens_np)
-    cap = jnp.int32(self.max_turn_tokens)
     chunk = roll.decode_chunk_steps if roll.stop_sequences else None
     while True:
       # state.decoding_step is the last column written (the prefill wrote
@@ -323,92 +397,59 @@ class EpisodeRollout:
       tokens = np.array(sharding.to_host(state.token_buffer))
       done = np.array(sharding.to_host(state.done))
       started = time.perf_counter()
-      new_done = done.copy()
-      holes = []  # (row, first, last) columns sampled past a stop text.
-      inserts = {}
-      for r in range(n):
-        if finish[r] is not None:
-          continue
-        end, how = self._turn_end(tokens[r], turn_start[r], step, done[r])
-        closing = ''
-        if how == 'pause':
-          closing = envs[r].ends_turn(
-              self._turn_text(tokens[r, turn_start[r]:end + 1]))
-          if closing is None:  # Not complete: the turn goes on.
-            at_cap = end + 1 - turn_start[r] >= self.max_turn_tokens
-            how = 'cap' if at_cap else None
-            if not at_cap:
-              new_done[r] = False
-              continue
-        if how is None:  # Still in its turn.
-          if step < total_steps - 1:
-            continue
-          finish[r] = FINISH_COLUMNS  # Out of columns mid-turn.
-        elif how == 'cap' and self.cap_ends_episode:
-          finish[r] = FINISH_TURN_TOKENS
-        turns[r].append((turn_start[r], end + 1))
-        end_col[r] = end
-        text = self._turn_text(tokens[r, turn_start[r]:end + 1])
-        segments[r].append(('model', text))
-        if finish[r] is None:
-          reply = envs[r].step(text)
-          if not reply.done and reply.text is not None:
-            segments[r].append(('tool', _reply_text(reply)))
-          if reply.done or reply.text is None:
-            finish[r] = reply.finish or FINISH_ANSWER
-          else:
-            ids = truncate_middle(
-                [int(t) for t in self.tokenizer.encode(closing + reply.text)],
-                self.max_insert_tokens, self._marker_ids)
-            # After what the loop wrote, with room for one sampled token.
-            start = step + 1
-            if start + len(ids) + 1 > total_steps - 1:
-              finish[r] = FINISH_COLUMNS
-            else:
-              inserts[r] = (start, ids)
-              if end < step:
-                holes.append((r, end + 1, step))
-        new_done[r] = r not in inserts
+      waits = np.array([row.advance(self, tokens[r], step, done[r], last_col)
+                        for r, row in enumerate(episode_rows)], bool)
       host_seconds += time.perf_counter() - started
+      inserts = {r: row.insert for r, row in enumerate(episode_rows)
+                 if row.insert is not None}
       self._check_same_inserts(inserts)
+      holes = [(r, row.hole) for r, row in enumerate(episode_rows)
+               if row.hole is not None]
       if holes:
         # A stop text ended the turn before the chunk did: the columns
         # sampled after it become pad, which every later query masks out.
-        for r, first, last in holes:
+        for r, (first, last) in holes:
           tokens[r, first:last + 1] = self._pad
         state = state.replace(
             token_buffer=self._put_rows(tokens, state.token_buffer))
-      if inserts or (new_done != done).any():
+      if inserts or (waits != done).any():
         for r, (start, ids) in inserts.items():
           forced_np[r, start:start + len(ids)] = True
           forced_tokens_np[r, start:start + len(ids)] = ids
-          turn_start[r] = start + len(ids)
-        forced = self._put_rows(forced_np)
-        forced_tokens = self._put_rows(forced_tokens_np)
-        state = state.replace(done=self._put_rows(new_done, state.done))
-      if all(f is not None for f in finish) or step >= total_steps - 1:
+        forced, forced_tokens = (self._put_rows(forced_np),
+                                 self._put_rows(forced_tokens_np))
+        state = state.replace(done=self._put_rows(waits, state.done))
+      if (all(row.finish is not None for row in episode_rows)
+          or step >= last_col):
         break
       limit = total_steps if chunk is None else min(step + chunk,
                                                     total_steps)
+      turn_start = np.array([row.turn_start for row in episode_rows],
+                            np.int32)
       state = self._compiled_loop(
           params, state.replace(total_sampling_steps=limit), forced_tokens,
-          forced, self._put_rows(turn_start), cap)
+          forced, self._put_rows(turn_start), jnp.int32(self.max_turn_tokens))
       calls += 1
-    for r in range(n):
-      if finish[r] is None:  # Defensive: the loop ends every row.
-        finish[r], end_col[r] = FINISH_COLUMNS, total_steps - 1
-        turns[r].append((turn_start[r], total_steps))
+    for row in episode_rows:
+      if row.finish is None:  # Defensive: the loop ends every row.
+        row.finish, row.end_col = FINISH_COLUMNS, last_col
+        row.turns.append((row.turn_start, total_steps))
     self.last_host_seconds = host_seconds
     self.last_decode_calls = calls
     tokens = sharding.to_host(state.token_buffer)
     logps = sharding.to_host(state.logprobs_buffer)
-    chosen = range(n) if rows is None else [int(i) for i in rows]
+    chosen = range(len(episode_rows)) if rows is None else [
+        int(i) for i in rows]
     return self._completions(
         [tokens[r] for r in chosen], [logps[r] for r in chosen],
-        [forced_np[r] for r in chosen], [turns[r] for r in chosen],
-        [end_col[r] for r in chosen], [finish[r] for r in chosen],
-        [envs[r] for r in chosen], [segments[r] for r in chosen],
+        [forced_np[r] for r in chosen], [episode_rows[r] for r in chosen],
         num_prompt)
+
+  def _environment(self, example):
+    """A fresh environment, reset to `example` (a copy)."""
+    env = self.make_environment()
+    env.reset(dict(example))
+    return env
 
   def _turn_end(self, row, start, step, done):
     """How and where the turn that began at column `start` ended.
@@ -456,9 +497,8 @@ class EpisodeRollout:
           'same rows; tools must give the same result for the same call '
           'on every process (no randomness, clocks or host state).')
 
-  def _completions(self, tokens, logps, forced, turns, end_col, finish,
-                   envs, segments, num_prompt):
-    """`Completions` and `Episode`s of the chosen rows."""
+  def _completions(self, tokens, logps, forced, episode_rows, num_prompt):
+    """`Completions` and `Episode`s of the chosen rows (`_Row`s)."""
     pad = pipeline.PAD_ID
     count = len(tokens)
     width = len(tokens[0]) - num_prompt if count else 0
@@ -470,26 +510,27 @@ class EpisodeRollout:
     episodes, texts = [], []
     for i in range(count):
       row = tokens[i][num_prompt:]
-      kept = columns <= int(end_col[i]) - num_prompt
+      episode_row = episode_rows[i]
+      kept = columns <= int(episode_row.end_col) - num_prompt
       out_tokens[i] = np.where(kept, row, pad)
       real = out_tokens[i] != pad
       model = real & ~forced[i][num_prompt:]
       input_mask[i] = real
       mask[i] = model
       out_logps[i] = np.where(model, logps[i][num_prompt:], 0.0)
-      start, stop = turns[i][-1]
+      start, stop = episode_row.turns[-1]
       texts.append(self._turn_text(tokens[i][start:stop]))
-      env = envs[i]
+      env = episode_row.env
       episodes.append(Episode(
           transcript=self.transcript(out_tokens[i][real]),
           final_text=texts[-1],
           tool_calls=list(getattr(env, 'tool_calls', [])),
-          finish=finish[i],
-          turns=len(turns[i]),
+          finish=episode_row.finish,
+          turns=len(episode_row.turns),
           model_tokens=int(model.sum()),
           insert_tokens=int(real.sum() - model.sum()),
           stats=dict(getattr(env, 'stats', {}) or {}),
-          segments=segments[i],
+          segments=episode_row.segments,
       ))
     lengths = mask.sum(axis=1).astype(np.int32)
     truncated = np.array([e.cut for e in episodes], bool)
