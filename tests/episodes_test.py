@@ -230,6 +230,43 @@ def test_pause_tokens_end_turns_the_environment_calls_complete(
                              atol=2e-4)
 
 
+
+class _NeverComplete(_Pausing):
+  """Pauses on pieces holding an 'e' but never completes a turn: only the
+  per-turn cap ends one."""
+
+  def ends_turn(self, partial_text):
+    self.pauses.append(partial_text)
+    return None
+
+
+def test_a_pause_at_the_cap_without_cap_ends_episode_is_answered(
+    tiny_model, prompts):
+  """cap_ends_episode=False (the bench): a turn that reached the cap on a
+  pause the environment did not complete is a finished turn, answered
+  with the reply alone (no closing text); it used to raise TypeError."""
+  model, tokenizer = tiny_model
+  roll = rollout.Rollout(model, tokenizer, cache_size=_PROMPT_LEN + _STEPS)
+  reply = '\n<start_of_turn>user\nok<end_of_turn>\n<start_of_turn>model\n'
+  envs = []
+
+  def make():
+    envs.append(_NeverComplete([reply]))
+    return envs[-1]
+
+  sampler = episodes.EpisodeRollout(roll, make, max_turn_tokens=2,
+                                    max_insert_tokens=32,
+                                    cap_ends_episode=False)
+  envs.clear()
+  out = sampler.generate(prompts, _STEPS, seed=0, temperature=1.0, top_k=0,
+                         top_p=1.0, num_generations=2)
+  insert = [int(t) for t in tokenizer.encode(reply)]
+  assert any(env.pauses for env in envs)  # Some turn paused at the cap.
+  for i, episode in enumerate(out.episodes):
+    forced = (out.input_mask[i] > 0) & (out.mask[i] == 0)
+    assert episode.finish == 'answer' and episode.turns == 2, episode
+    assert out.tokens[i][forced].tolist() == insert
+
 def test_format_transcript_one_line_per_turn_and_reply():
   episode = episodes.Episode(
       transcript='', final_text='<answer>1364</answer>', tool_calls=[],

@@ -180,7 +180,7 @@ class _Row:
       if closing is None:  # Not complete: the turn goes on, unless capped.
         if end + 1 - self.turn_start < host.max_turn_tokens:
           return False
-        how = 'cap'
+        how, closing = 'cap', ''  # Capped: nothing closes it.
     if how is None:  # Still in its turn.
       if step < last_col:
         return done
