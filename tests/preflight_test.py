@@ -275,6 +275,7 @@ def test_a_config_that_cannot_fit_is_named_with_fixes():
       '--programs=reference_logps,update',
       '--config.training.batch_size=64', '--config.training.micro_batch_size=64',
       '--config.grpo.logps_chunk_size=512',
+      '--config.generation.max_prompt_length=128',
       '--config.generation.max_generation_steps=512',
       '--config.eval.max_generation_steps=512',
       '--config.generation.kv_cache_size=640',
