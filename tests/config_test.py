@@ -11,6 +11,7 @@ import pytest
 
 from agent_tunix.config import field_reference
 from agent_tunix.config import validation
+from agent_tunix.rl import grpo
 from configs import base
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -241,6 +242,10 @@ _INVALID = [
      "'/no/such/train.parquet'"),
     ('local_source_without_path', _set(data__source='jsonl'), 1, 'data.path',
      'set it'),
+    ('zero_epsilon', _set(grpo__epsilon=0.0), 1, 'grpo.epsilon',
+     'must be > 0 (the clip range; 0 clips every update away): use 0.2'),
+    ('zero_epsilon_high', _set(grpo__epsilon_high=0.0), 1,
+     'grpo.epsilon_high', 'or negative for the same range as grpo.epsilon'),
     ('zero_sampling_rounds', _set(grpo__max_sampling_rounds=0), 1,
      'grpo.max_sampling_rounds', '>= 1'),
     ('overlong_buffer_beyond_limit', _set(rewards__overlong_buffer=9), 1,
@@ -289,6 +294,21 @@ def test_validation_names_field_and_fix(edit, num_devices, field, fix):
   message = str(e.value)
   assert f'config.{field}' in message
   assert fix in message
+
+
+
+@pytest.mark.parametrize('epsilon, epsilon_high', [
+    (1e-6, -1.0), (3e-4, 4e-4), (0.2, 0.28), (0.2, -1.0)])
+def test_validation_accepts_any_positive_clip_range(epsilon, epsilon_high):
+  """epsilon > 0 (0 would clip every update away, see _check_grpo);
+  epsilon_high > 0, or negative for epsilon's range. What passes builds
+  the update's StepHParams (whose own invariants agree)."""
+  config = _preset('tiny')
+  config.grpo.epsilon, config.grpo.epsilon_high = epsilon, epsilon_high
+  validation.validate(config, num_devices=1)
+  hp = grpo.hparams_from_config(config)
+  assert hp.epsilon == epsilon
+  assert hp.upper_epsilon == (epsilon_high if epsilon_high > 0 else epsilon)
 
 
 def test_validation_batch_split_over_processes():

@@ -230,6 +230,28 @@ def test_hparams_validation_and_defaults():
     grpo.StepHParams(remat='decoder')
 
 
+def test_hparams_epsilon_is_a_positive_clip_range():
+  """epsilon = 0 does not turn clipping off: the clipped ratio is then the
+  constant 1, and a token whose ratio moved the way its advantage pushes
+  gets no gradient, so the policy can only move back to the one that
+  sampled. config.validation refuses it for configs; StepHParams too."""
+  logps = jnp.array([[0.01], [-0.01]])
+  advantages = jnp.array([1.0, -1.0])
+
+  def grad(epsilon):
+    return jax.grad(lambda lp: objectives.clipped_surrogate(
+        lp, jnp.zeros_like(lp), advantages, epsilon, epsilon)[0].sum())(
+            logps)
+
+  np.testing.assert_array_equal(grad(0.0), 0.0)
+  assert (np.abs(grad(0.2)) > 0.9).all()
+  assert grpo.StepHParams(epsilon=1e-6).epsilon == 1e-6
+  with pytest.raises(ValueError, match=r'epsilon=0\.0 must be > 0'):
+    grpo.StepHParams(epsilon=0.0)
+  with pytest.raises(ValueError, match=r'epsilon_high=0\.0 must be > 0'):
+    grpo.StepHParams(epsilon_high=0.0)
+
+
 def test_hparams_from_base_config():
   import importlib.util  # pylint: disable=g-import-not-at-top
 
@@ -253,7 +275,7 @@ def test_hparams_from_base_config():
   assert grpo.hparams_from_config(config).prompt_group == 1
   config.generation.temperature = 0.0  # Greedy rollouts: the plain logits.
   assert grpo.hparams_from_config(config).temperature == 1.0
-  with pytest.raises(ValueError, match='temperature must be > 0'):
+  with pytest.raises(ValueError, match='temperature=0.0 must be > 0'):
     grpo.StepHParams(temperature=0.0)
 
 
@@ -440,7 +462,7 @@ def test_tis_weights_only_the_policy_gradient_term(full_batch_reference):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
   with pytest.raises(ValueError, match='tis_cap=1.3 needs'):
     grpo.compute_grads(model, batch, hp)
-  with pytest.raises(ValueError, match='tis_cap must be >= 0'):
+  with pytest.raises(ValueError, match='tis_cap=-1.0 must be >= 0'):
     grpo.StepHParams(tis_cap=-1.0)
 
 

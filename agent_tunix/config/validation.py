@@ -263,8 +263,18 @@ def _check_grpo(config):
       0 <= g.maxent_q_epsilon <= 1,
       f'config.grpo.maxent_q_epsilon={g.maxent_q_epsilon} must be in [0, 1].',
   )
+  # The clip range has no "0 = off": at 0 the clipped ratio is the constant
+  # 1, so every token that moved the way its advantage pushes is clipped
+  # (no gradient) and the policy cannot leave the one that sampled.
   _require(
-      g.epsilon > 0, f'config.grpo.epsilon={g.epsilon} must be positive.'
+      g.epsilon > 0,
+      f'config.grpo.epsilon={g.epsilon} must be > 0 (the clip range; 0 '
+      'clips every update away): use 0.2, or ~3e-4 with GSPO.',
+  )
+  _require(
+      g.epsilon_high != 0,
+      f'config.grpo.epsilon_high={g.epsilon_high} must be > 0, or negative '
+      'for the same range as grpo.epsilon (0 clips every increase away).',
   )
   _require(
       g.num_iterations >= 1,

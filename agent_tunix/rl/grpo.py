@@ -83,7 +83,8 @@ class StepHParams:
   Attributes:
     beta: KL coefficient (the starting one with an adaptive controller,
       whose current value comes in batch['kl_coeff']); 0 means no KL term.
-    epsilon: lower PPO clip range (and upper, unless epsilon_high >= 0).
+    epsilon: lower PPO clip range (and upper, unless epsilon_high > 0);
+      > 0: at 0 every update is clipped away (`config.validation`).
     epsilon_high: upper clip range; negative means equal to epsilon.
     kl_estimator: 'k1' or 'k3'.
     loss_agg_mode: one of objectives.LOSS_AGG_MODES.
@@ -151,51 +152,41 @@ class StepHParams:
   maxent_length_normalize_ref: bool = True
 
   def __post_init__(self):
-    check = objectives.check_choice
-    check('kl_estimator', self.kl_estimator, objectives.KL_ESTIMATORS)
-    check('remat', self.remat, remat.REMAT_MODES)
-    check('loss_agg_mode', self.loss_agg_mode, objectives.LOSS_AGG_MODES)
-    check('importance_sampling_level', self.importance_sampling_level,
-          objectives.IMPORTANCE_SAMPLING_LEVELS)
-    if self.maxent_tau < 0:
-      raise ValueError(
-          f'maxent_tau must be >= 0 (0 = off), got {self.maxent_tau}.')
-    if self.maxent_tau > 0:
-      if self.num_generations < 2:
+    # The update's invariants, for StepHParams built by hand (tests, code
+    # calling this module). A config is checked before `hparams_from_config`
+    # builds these, each field with its fix, by `config.validation` (the one
+    # home of user-input checks); a config that passes it keeps all of them.
+    for name, allowed in (
+        ('kl_estimator', objectives.KL_ESTIMATORS),
+        ('remat', remat.REMAT_MODES),
+        ('loss_agg_mode', objectives.LOSS_AGG_MODES),
+        ('importance_sampling_level', objectives.IMPORTANCE_SAMPLING_LEVELS),
+    ):
+      objectives.check_choice(name, getattr(self, name), allowed)
+    maxent = self.maxent_tau > 0
+    for name, ok, bound in (
+        ('beta', self.beta >= 0, '>= 0'),
+        ('epsilon', self.epsilon > 0, '> 0'),
+        ('epsilon_high', self.epsilon_high != 0, '> 0, or < 0 for epsilon'),
+        ('temperature', self.temperature > 0, '> 0; greedy rollouts use 1'),
+        ('tis_cap', self.tis_cap >= 0, '>= 0 (0 = off)'),
+        ('chunk_size', self.chunk_size >= 1, '>= 1'),
+        ('micro_batch_size', self.micro_batch_size >= 0,
+         '>= 0 (0 = whole batch)'),
+        ('prompt_group', self.prompt_group >= 1
+         and self.micro_batch_size % self.prompt_group == 0,
+         f'>= 1 and divide micro_batch_size={self.micro_batch_size}'),
+        ('maxent_tau', self.maxent_tau >= 0, '>= 0 (0 = off)'),
+        ('num_generations', not maxent or self.num_generations >= 2,
+         '>= 2 for MaxEnt-GRPO'),
+        ('maxent_q_temperature', not maxent or self.maxent_q_temperature > 0,
+         '> 0'),
+        ('maxent_q_epsilon', not maxent or 0 <= self.maxent_q_epsilon <= 1,
+         'in [0, 1]'),
+    ):
+      if not ok:
         raise ValueError(
-            f'MaxEnt-GRPO needs num_generations >= 2, got '
-            f'{self.num_generations}.')
-      if self.maxent_q_temperature <= 0:
-        raise ValueError(
-            f'maxent_q_temperature must be > 0, got '
-            f'{self.maxent_q_temperature}.')
-      if not 0 <= self.maxent_q_epsilon <= 1:
-        raise ValueError(
-            f'maxent_q_epsilon must be in [0, 1], got '
-            f'{self.maxent_q_epsilon}.')
-    if self.beta < 0:
-      raise ValueError(f'beta must be >= 0, got {self.beta}.')
-    if self.epsilon < 0:
-      raise ValueError(f'epsilon must be >= 0, got {self.epsilon}.')
-    if self.temperature <= 0:
-      raise ValueError(
-          f'temperature must be > 0, got {self.temperature}; greedy rollouts '
-          'use 1.'
-      )
-    if self.tis_cap < 0:
-      raise ValueError(f'tis_cap must be >= 0 (0 = off), got {self.tis_cap}.')
-    if self.chunk_size < 1:
-      raise ValueError(f'chunk_size must be >= 1, got {self.chunk_size}.')
-    if self.micro_batch_size < 0:
-      raise ValueError(
-          f'micro_batch_size must be >= 0 (0 = whole batch), got '
-          f'{self.micro_batch_size}.'
-      )
-    if self.prompt_group < 1 or self.micro_batch_size % self.prompt_group:
-      raise ValueError(
-          f'prompt_group={self.prompt_group} must be >= 1 and divide '
-          f'micro_batch_size={self.micro_batch_size}.'
-      )
+            f'StepHParams {name}={getattr(self, name)!r} must be {bound}.')
 
   @property
   def needs_reference(self) -> bool:
