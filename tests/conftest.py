@@ -17,7 +17,8 @@ if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
 # The longest files (minutes each on 2 cores), longest first. With `-n 2
 # --dist loadfile` every file runs whole on one worker, in collection
 # order: starting the long ones first keeps both workers busy to the end
-# instead of leaving one long file running alone at the tail.
+# instead of leaving one long file running alone at the tail. They are the
+# `slow` tier: `-m 'not slow'` runs the rest (README, "Tests").
 _LONG_FILES = (
     'multihost_test.py', 'resume_test.py', 'gemma4_test.py',
     'gemma4_export_test.py', 'bench_test.py', 'pod_rehearsal_test.py',
@@ -25,10 +26,21 @@ _LONG_FILES = (
     'grpo_test.py', 'alarms_test.py', 'train_test.py', 'faults_test.py',
     'sweep_test.py', 'export_test.py', 'judge_run_test.py',
     'schedule_test.py', 'cli_test.py', 'launch_test.py',
+    'gcs_commands_test.py',
 )
 
 
+def pytest_configure(config):
+  config.addinivalue_line(
+      'markers', 'slow: a test of the long files (tests/conftest.py '
+      "_LONG_FILES); -m 'not slow' leaves them out")
+
+
 def pytest_collection_modifyitems(items):
-  """Runs the long files first (stable: other files keep their order)."""
+  """Marks the long files slow and runs them first (stable: other files
+  keep their order)."""
   rank = {name: i for i, name in enumerate(_LONG_FILES)}
+  for item in items:
+    if item.path.name in rank:
+      item.add_marker('slow')
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
