@@ -141,8 +141,10 @@ class _Row:
 
   After each decode call the host calls `advance` on every row: it reads
   the row's newly generated tokens and decides what the row does next (go
-  on in its turn, take an insert and resume, or finish).
+  on in its turn, take an insert and resume, or finish). It reads its
+  `EpisodeRollout`'s private helpers: the two are one unit.
   """
+  # pylint: disable=protected-access
 
   env: object  # The row's environment.
   turn_start: int  # Column of the current model turn's first token.
@@ -173,7 +175,7 @@ class _Row:
     self.insert = self.hole = None
     if self.finish is not None:
       return done
-    end, how = host._turn_end(tokens, self.turn_start, step, done)  # pylint: disable=protected-access
+    end, how = host._turn_end(tokens, self.turn_start, step, done)
     closing = ''
     if how == 'pause':
       closing = self.env.ends_turn(self._text(host, tokens, end))
@@ -196,7 +198,7 @@ class _Row:
     return self.insert is None
 
   def _text(self, host, tokens, end):
-    return host._turn_text(tokens[self.turn_start:end + 1])  # pylint: disable=protected-access
+    return host._turn_text(tokens[self.turn_start:end + 1])
 
   def _reply(self, host, reply, closing, step, end, last_col):
     """Takes the environment's reply to a finished turn: the episode ends,
@@ -207,7 +209,7 @@ class _Row:
     self.segments.append(('tool', _reply_text(reply)))
     ids = truncate_middle(
         [int(t) for t in host.tokenizer.encode(closing + reply.text)],
-        host.max_insert_tokens, host._marker_ids)  # pylint: disable=protected-access
+        host.max_insert_tokens, host._marker_ids)
     start = step + 1  # After what the loop wrote.
     if start + len(ids) + 1 > last_col:  # No room for one sampled token.
       self.finish = FINISH_COLUMNS
