@@ -1,47 +1,16 @@
 """Tool-call formats: how a model family writes calls and reads results.
 
-A format reads a finished model turn (`parse`), writes the text the host
-inserts after it (`render_results`), tells the model how to call
-(`instructions`) and renders worked examples for few-shot prompts
-(`example_turns`). Three formats, chosen by name (`get`):
+Layer: agent (bottom); imports only the standard library and agent.tools.
 
-  * 'gemma3': Gemma 3's documented convention. Gemma 3 has no tool tokens:
-    a model turn that ends with a Python-style list of keyword calls is a
-    call turn, e.g.
+`get(name)` returns the `ToolFormat` 'gemma3', 'functiongemma' or 'gemma4'.
+A format reads a finished model turn into `Call`s (`parse`: read as data,
+never evaluated), writes the text the host inserts after it
+(`render_results`), tells the model how to call (`instructions`) and
+renders worked examples for few-shot prompts (`example_turns`). `sanitize`
+removes control tokens from tool output, so that a tool cannot open or
+close turns.
 
-      I need 286 times 12.
-      [calculator(expression="286 * 12")]<end_of_turn>
-
-    and the results come back as a user turn:
-
-      <start_of_turn>user
-      <tool_response>
-      3432
-      </tool_response><end_of_turn>
-      <start_of_turn>model
-
-  * 'functiongemma': FunctionGemma's tool tokens. The model writes
-    `<start_function_call>call:NAME{key:<escape>text<escape>,n:5}`
-    `<end_function_call>` and then samples `<start_function_response>`,
-    where the row stops; the host inserts
-    `response:NAME{value:<escape>...<escape>}<end_function_response>` and
-    the model goes on in the same turn.
-
-  * 'gemma4': Gemma 4's native tool tokens in the same layout:
-    `<|tool_call>call:NAME{key:<|"|>text<|"|>}<tool_call|>`, then the
-    model samples `<|tool_response>` and the host inserts
-    `response:NAME{value:<|"|>...<|"|>}<tool_response|>`. Declarations
-    (`<|tool>declaration:NAME{...}<tool|>`) go in the system turn; turns
-    are `<|turn>ROLE ... <turn|>`.
-
-Calls are read as data only: the 'gemma3' list goes through
-`ast.parse(mode='eval')` and a whitelist of literal nodes, the
-'functiongemma' and 'gemma4' calls through a small hand-written parser.
-Nothing is ever evaluated.
-
-Tool output may contain text that the tokenizer would read as control
-tokens (a tool echoing model text, a web page); `sanitize` removes them so
-that a tool cannot open or close turns.
+Design notes: docs/agent.md, 'Call formats'.
 """
 
 import abc

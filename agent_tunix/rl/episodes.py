@@ -1,40 +1,16 @@
 """Multi-turn episodes: rows that pause for an environment and resume in the
 same KV cache.
 
-A row's model turn ends at an end token (for Gemma 3's tool calls,
-`<end_of_turn>`), at a stop text, or at the per-turn token cap. The host then
-asks the row's environment (`agent_tunix.agent.environment`) what the turn
-means: the episode is over (a final answer, or a limit), or there is text to
-insert before the model's next turn (tool results). Inserted text is
-tokenized on its own and fed to the model as *forced tokens*: the decode step
-writes a forced token instead of the sampled one, so it enters the KV cache
-through the same one-token decode call as a sampled token. Nothing is
-prefilled twice and what the policy sampled is never re-tokenized: its
-token ids stay as sampled.
+Layer: rl; may import agent, data, models, rewards, tpu, storage and cli.
 
-One compiled program does all of it. The decode loop (`_decode_loop`) reads
-two per-row buffers of the cache's width, `forced_tokens` and `forced`, and a
-row's turn start for the turn cap; it exits when any row ends a turn (or at
-the step limit, or every `decode_chunk_steps` with stop texts), the host
-answers, writes the inserts into the buffers and calls the same program
-again. Shapes never change, so there is one compile per (batch, cache
-length), not one per turn or step.
+`EpisodeRollout` wraps a single-turn `rollout.Rollout`: its `generate`
+returns the same `Completions` with an `Episode` per row, inserted text in
+the columns with mask 0 and `input_mask` 1 on every real token.
+`from_config(config, rollout)` builds it when `enabled(config)`
+(agent.tools or agent.environment); `format_transcript` writes an episode
+one line per turn.
 
-Column layout (what the trainer receives, `Completions`):
-  tokens      prompt bucket | model turn 1 | insert 1 | model turn 2 | ...
-  mask        1 on the policy's own tokens (what the loss, KL, entropy,
-              importance weights and token counts see), 0 on inserts;
-  input_mask  1 on every real token up to the episode's last: what the
-              model attends to when the trainer recomputes log-probs.
-Positions count real tokens (the decode step computes them from the token
-buffer, as `logprobs.positions_from_mask` does), so the trainer's forward
-and the sampler compute the same function: `sampler/logp_abs_diff` stays at
-numerical noise.
-
-Several processes: every process holds every row's tokens after each
-decode call, runs every row's environment (tools must be deterministic
-given their arguments) and checks that all processes insert the same
-tokens before writing them (a digest compared across processes).
+Design notes: docs/agent.md, 'How an episode runs'.
 """
 
 import dataclasses
