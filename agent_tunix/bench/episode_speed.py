@@ -1,37 +1,15 @@
 """Section episodes: a multi-turn rollout's tokens/s against a single-turn one.
 
-Both sample the bench's prompts (B prompts, G rows each) for the same C
-completion columns, on the bench's model, with the same sampling settings
-and seeds:
+Layer: commands (bench); may import any layer of agent_tunix.
 
-  single  rollout.Rollout.generate: C sampled tokens per row.
-  multi   episodes.EpisodeRollout.generate over the same Rollout: each row's
-          episode is K + 1 model turns with K inserts between them, which
-          together fill the C columns.
+`episode_measurement(ctx, steps)` samples the bench's prompts for the same
+C completion columns twice: in one turn (`rollout.Rollout.generate`) and
+as scripted episodes of K + 1 model turns with K inserts between them
+(`episodes.EpisodeRollout.generate`, environment `Scripted`, turn cap from
+`layout`). It returns the bench's measurement record `NAME`: tokens/s of
+each side, host seconds, decode-loop calls and compiles.
 
-The episodes are scripted, so that they are the same on any model (the
-tiny random one included): end tokens are off in both samplers, a model turn
-ends at the per-turn cap T, and the bench's environment (`Scripted`) answers
-each of the first K turns with the same tool result (the config's
-agent.format rendering of one calculator result, after the format's call
-end, as a call turn closed by the host is answered) and ends the episode at
-the next turn. T is the smallest cap with which K turns and K inserts of I
-tokens leave at most T columns for the last turn, which runs to the end of
-the columns. Every row ends its turns at the same column, so each turn is
-one exit of the decode loop: K + 1 calls of the compiled loop per episode.
-The bench builds its EpisodeRollout with cap_ends_episode=False, so a
-turn that reached the cap is answered like one closed by an end token or a
-pause, and the episode goes on: the same host work.
-
-Each side runs once untimed (compiles), then --steps times, alternating;
-each time is the wall time of one generate call (prefill, decode, the host's
-work between turns, the completions). Tokens are every column produced,
-sampled and inserted (`Completions.attended`). Also reported: the host
-seconds in the environments and inserts (`last_host_seconds`), the decode
-loop calls (`last_decode_calls`), and the compiles of the episode decode
-program over the warm-up and timed calls: the XLA compiles JAX reports
-(`jax.monitoring`) under the jitted loop's name, one when its inputs keep
-their shapes from turn to turn.
+Design notes: docs/benchmarks.md, 'How the episodes section measures'.
 """
 
 import collections
@@ -145,7 +123,7 @@ def _timed(fn, *args, **kwargs):
 
 
 def episode_measurement(ctx, steps=0):
-  """The multi-turn rollout against the single-turn one (module docstring).
+  """The multi-turn rollout against the single-turn one (docs/benchmarks.md).
 
   Args:
     ctx: the bench's `Context`.

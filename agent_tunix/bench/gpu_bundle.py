@@ -3,35 +3,17 @@ r"""The wheels a lent GPU machine lacks, found by walking our imports.
   python -m agent_tunix.bench.gpu_bundle --list
   python -m agent_tunix.bench.gpu_bundle --dest=.whl/gpu_bundle --python_tag=312
 
-The lent machine (docs/benchmarks.md, "A lent GPU") has no network and a
-fixed image: launch/gpu_machine_packages.txt names its packages. What our
-training path needs beyond them travels as wheels. Which ones is read off
-the real import graph, not kept by hand: a child interpreter imports
-`TRAINING_PATH` with an import hook (`_Hook`) that stands between it and
-every distribution not on the machine's list. When such an import is made
-inside a `try` that catches ImportError (in any frame of the stack: the
-importing module's own, or one that imported it), the hook refuses it, as
-the machine would, and the code goes on without it (tensorboardX's optional
-google.cloud.storage, jax's TPU plugin); otherwise the import is let through
-and its distribution is needed. `check` then imports the same modules with
-only the machine's packages and the bundle's visible: the listing is right
-when that succeeds.
+Layer: commands (bench), but it imports only the standard library and absl
+at the top, so that the import walk's child starts from a clean interpreter.
 
-The bundle (`download`):
+`listing()` walks `TRAINING_PATH` in a child interpreter behind an import
+hook (`_Hook`) and splits what it imports into what the machine has
+(launch/gpu_machine_packages.txt) and what must travel; `check()` imports
+the path with only the machine's packages and the bundle's visible;
+`download()` writes the bundle: wheels/, pins/, tokenizer.model and
+bundle.json.
 
-  wheels/    what the machine lacks, at the versions installed here
-             (`pip download --no-deps`, one python tag, manylinux x86-64);
-  pins/      the versions we test with of packages the machine has but
-             whose version there is unknown (flax, optax, orbax-checkpoint,
-             protobuf): installed over the machine's only when the import
-             smoke test fails with the machine's own (launch/gpu_check.sh);
-  tokenizer.model  Gemma 3's SentencePiece model, rebuilt from the packaged
-             GGUF's vocabulary (the 241 MiB weights do not travel: the
-             check runs the same architectures with random weights);
-  bundle.json      what is in it and why.
-
-This module imports only the standard library and absl at the top, so that
-the child's walk starts from a clean interpreter.
+Design notes: docs/benchmarks.md, 'A lent GPU: launch/gpu_check.sh'.
 """
 
 import ast
@@ -392,7 +374,7 @@ def directory_bytes(path):
 
 
 def download(dest, python_tag, machine=None):
-  """Builds the bundle in `dest` (see the module docstring); its bytes."""
+  """Builds the bundle in `dest` (docs/benchmarks.md); its bytes."""
   found = listing(machine)
   missing = [d for d, v in found.bundle.items() if not v]
   if missing:

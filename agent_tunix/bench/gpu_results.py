@@ -4,32 +4,14 @@ r"""results.json and results.md of the GPU check, written after every stage.
       --status=error --reason='...'
   python -m agent_tunix.bench.gpu_results --out=DIR --finish=grpo,decode
 
-Standard library only: launch/gpu_check.sh calls this to record a stage its
-Python process could not (killed at its time limit, a failed smoke test)
-without paying for the trainer's imports.
+Layer: commands (bench), but standard library only: launch/gpu_check.sh
+calls this to record a stage its Python process could not (killed at its
+time limit, a failed smoke test) without paying for the trainer's imports.
 
-results.json:
+`record`, `start`, `update` and `finish` rewrite both files; `load` reads
+results.json (`HEADLINE` fields stay null until their stage has run).
 
-  {
-    "device": str,                # jax device_kind ("NVIDIA H100 80GB HBM3")
-    "platform": str,              # jax backend: gpu, cpu
-    "jax_version": str,
-    "versions": {package: str},
-    "shapes": "gpu" | "tiny",
-    "grpo_step_s", "rollout_s", "update_s", "compile_s",
-    "tokens_per_s",               # our GRPO step, the main workload
-    "decode_tokens_per_s",        # at the largest decode batch measured
-    "decode_bound_fraction",      # of the HBM bandwidth bound, same batch
-    "decode_batches": {batch size: {"tokens_per_s", "bound_fraction", ...}},
-    "update_mfu",                 # compiler FLOPs / update time / peak
-    "tunix_step_s", "step_ratio_vs_tunix",   # ours / tunix's step time
-    "big_step_s",                 # the 1B architecture's step
-    "stages": {stage: {"status": "ok" | "error" | "timeout" | "skipped",
-                       "seconds": float, "reason": str | null, ...}},
-    "running": str | null,        # the stage under way, if any
-  }
-
-A headline field stays null until its stage has run.
+The fields of results.json: docs/benchmarks.md, 'results.json'.
 """
 
 import json
