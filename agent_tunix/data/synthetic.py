@@ -1,40 +1,17 @@
 """Procedural grade-school arithmetic word problems, generated offline.
 
-Every problem comes from a template: a small function that draws numbers,
-names and objects from a NumPy generator and returns the statement sentences,
-the question, the worked solution steps and the exact integer answer. Numbers
-are drawn so that answers are never negative or fractional (divisions are
-built from products, subtractions from a larger minuend).
+Layer: data (bottom); imports only numpy and the standard library.
 
-Difficulty:
-  1: one operation (add, subtract, multiply, divide), small numbers.
-  2: one or two operations, larger numbers, sometimes one distractor sentence.
-  3: two or three operations, larger numbers, one or two distractor sentences
-     that mention irrelevant numbers.
-  4: two or three operations on 2- to 4-digit numbers (e.g. 286 * 12, then
-     1000s added or taken away), sometimes one distractor: arithmetic a
-     small model gets wrong in its head and right with a calculator tool
-     (`agent.tools='calculator'`).
-
-`unseen=True` (the `synthetic_unseen` data source) draws from five other
-templates whose expression shapes no difficulty draws and the tools
-prompt's worked episodes do not show ((a + b) * c, a * b - c * d,
-a / b + c, a + (b - c) * d, (a - b) / c), at the difficulty's number
-ranges. Every example names its template ('type') and expression ('shape').
-
-Train and eval never overlap, by construction and by check:
-  * the split name is part of the generator seed, and
-  * every problem has a key (template name and the numbers that determine the
-    answer; names, objects and distractors are left out). A stable hash of the
-    key puts each key in the eval part (1 in `_EVAL_BUCKETS`) or the train
-    part of the problem space, and each split keeps only draws from its own
-    part. So no eval question (not even a renamed one) can occur in a train set
-    of any size or seed. Within a split, repeated questions are skipped.
-
-Example:
+`generate(split, n, difficulty, seed, unseen=False)` returns n distinct
+problems of difficulty 1 to 4 (`LEVEL_TEMPLATES`; `unseen=True` draws the
+`UNSEEN_TEMPLATES` of the `synthetic_unseen` source); train and eval never
+share a problem (`in_eval_part`). Each example names its template ('type')
+and expression ('shape'):
 
   examples = synthetic.generate('train', 100, difficulty=2, seed=0)
-  examples[0]  # {'question': ..., 'answer': '42', 'reasoning': ...}
+  examples[0]  # {'question': ..., 'answer': '42', 'reasoning': ..., ...}
+
+Design notes: docs/data.md, 'The synthetic problems'.
 """
 
 import dataclasses
@@ -655,7 +632,7 @@ def generate(split, num_examples, difficulty=2, seed=0, unseen=False):
   Args:
     split: 'train', or 'eval' (alias 'test') for the held-out split.
     num_examples: How many examples to return (> 0).
-    difficulty: 1 to 4 (see module docstring).
+    difficulty: 1 to 4 (docs/data.md, 'The synthetic problems').
     seed: Non-negative integer; same arguments give the same examples.
     unseen: draw from `UNSEEN_TEMPLATES` instead of the difficulty's
       templates (the numbers still follow the difficulty).
