@@ -1,42 +1,23 @@
 """Reward functions by name, and their weighted sum over a batch.
 
-Every reward function has the signature
+Layer: rewards (bottom); may import agent, data, models, tpu, storage and
+cli; outside its own package it imports only agent.calculator.
 
-  fn(prompts: list[str], completions: list[str], **example_fields)
-      -> list[float]
-
-and returns one score per completion. `example_fields` holds one list per
-field, aligned with `completions`: at least `answer` (the true final answer as
-text), possibly `question`, `completion_lengths` (token counts),
-`completion_tokens` (the sampled token ids, end token included) and others. A
-function takes the fields it needs as keyword arguments and must accept and
-ignore the rest through `**kwargs`.
-
-The config picks the functions and their weights (`config.rewards`):
-
-  functions = 'format_exact=0.5,format_approx=0.25,answer=1,numbers=3'
-  functions = 'answer=1,my_project.rewards:brevity=0.5'
-
-Built-in names are registered with `register`; any other function is named
-`package.module:function` and imported when the reward set is built.
+A reward function is `fn(prompts, completions, **example_fields) ->
+list[float]`, one score per completion; `example_fields` holds one list
+per field aligned with `completions` (at least `answer`), and a function
+takes the fields it needs and ignores the rest through `**kwargs`.
 
   reward_set = rewards.RewardSet.from_config(config.rewards)
-  total, per_fn = reward_set(prompts, completions, answer=answers,
-                             completion_lengths=lengths)
+  total, per_fn = reward_set(prompts, completions, answer=answers)
 
-The modules, one idea each (the names below are re-exported here):
-  registry: `register`, `registered_names`; the built-in rewards are
-    registered on import.
-  spec: `parse_spec` (the `rewards.functions` string), `resolve` (a name to
-    its function).
-  reward_set: `RewardSet`, the weighted sum over a batch.
-  blame: `RewardError`, naming the failed function and completion.
-  format, math: the built-in reward functions for the tag format, the
-    length and a numeric final answer (and number parsing).
-  call_numbers, tool_steps: rewards for calculator calls (the problem's
-    own numbers; the reference solution's intermediate results).
-  rubric: `rubric_judge` (a judge ticks a rubric's items) and
-    `rubric_overlap` (the original pipeline's lexical score).
+Modules: registry (`register`, `registered_names`), spec (`parse_spec`,
+`resolve`), reward_set (`RewardSet`) and blame (`RewardError`), whose
+names are re-exported here; format and math (the tag format, length and
+numeric-answer rewards), call_numbers and tool_steps (calculator calls),
+rubric (`rubric_judge`, `rubric_overlap`).
+
+Design notes: docs/rewards.md.
 """
 
 from agent_tunix.rewards import blame

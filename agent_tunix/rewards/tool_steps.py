@@ -1,34 +1,16 @@
 """`tool_steps`: partial credit for calculator calls that compute the
 reference solution's intermediate results.
 
-A tool-aware reward (it reads the `tool_calls` and `reasoning` fields that
-training passes with tools on). The outcome reward (`answer`) pays only a
-right final number, and a small model's first calls are seldom exactly
-right, so most of its groups score alike and teach nothing. This one pays,
-in [0, 1], the share of the worked solution's results that the episode's
-calculator calls computed anywhere inside their expressions:
+Layer: rewards (bottom); imports only agent.calculator (its parser).
 
-  reference 'The posters cost 15 * 241 = 3615 dollars. The change is
-             5000 - 3615 = 1385 dollars.'            -> results {3615, 1385}
-  call calculator(expression='5000 - 15 * 241')      -> steps [3615, 1385]: 1.0
-  call calculator(expression='15 * 241 + 5000')      -> steps [3615, 8615]: 0.5
-  call calculator(expression='241 * 89 - 15')        -> steps [21449, 21434]: 0.0
+`tool_steps(prompts, completions, reasoning=..., tool_calls=...)` scores
+each episode in [0, 1]: the share of `reference_results(reasoning)` (the
+numbers right after an '=' in the worked solution) that `call_steps` (the
+values of every operation in the calls that ran) contains. Opt-in
+(rewards.functions `tool_steps=W`): on the 270M tools preset it paid the
+copied call shape, not the steps.
 
-The reference results are the numbers written right after an '=' in the
-example's `reasoning` (the synthetic generator's `a * b = c` steps and
-GSM8K's `<<48/2=24>>` annotations alike). A call's steps are the values of
-every operation in its expression, read with the calculator's own parser
-(`agent.calculator.step_values`: parsed, never run). Calls that failed,
-calls to other tools and calls without an `expression` argument add
-nothing. An example without a worked solution, or an episode without
-tools, scores 0.0.
-
-Opt-in (rewards.functions `tool_steps=W`). Measured on
-configs/gemma3_270m_tools.py with weight 2: every group then had a reward
-spread, but held-out accuracy fell from 8.2% to 1.2% in 36 steps, because
-the 270M copies the prompt's `a * b + c * d` call shape and that shape's
-first product is often a reference step: the partial credit paid the
-template (docs/rewards.md).
+Design notes: docs/rewards.md, `tool_steps`.
 """
 
 from collections.abc import Mapping, Sequence
