@@ -1,60 +1,17 @@
 """Alarms: warnings when a run stops learning, or learns the wrong thing.
 
-A `Monitor` reads the scalars the train loop already logs and, when one of
-these holds, logs a warning (what is wrong and what to try) and sets its
-`alarm/<name>` scalar to 1 (0 otherwise):
+Layer: run; may import every layer but the commands, and imports nothing
+of agent_tunix.
 
-  entropy_collapse: the update's `entropy` (mean token entropy of the
-    policy, nats) was below alarms.entropy_min at each of the last
-    alarms.entropy_steps steps: the policy has become nearly deterministic
-    and no longer explores.
-  zero_reward_spread: `frac_reward_zero_std` (the share of groups whose G
-    rewards are all equal, so every advantage in them is 0) was at least
-    alarms.zero_std_frac at each of the last alarms.zero_std_steps steps:
-    most of each batch teaches nothing.
-  length_limit: `completion/clipped_ratio` (the share of completions that
-    reached generation.max_generation_steps without an end token or stop
-    text) was at least alarms.clipped_frac at each of the last
-    alarms.clipped_steps steps: rewards score cut-off answers.
-  reward_hacking: checked at each evaluation e_k after the first. Let
-    r_s be the step scalar `reward/mean` of the training steps s with
-    e_{k-1} < s <= e_k (at least two of them), and
-    rise = b * (s_last - s_first), where b is the least-squares slope of
-    r_s on s: the training reward's fitted change over the interval. Let
-    drop = accuracy(e_{k-1}) - accuracy(e_k), the greedy `eval/accuracy`
-    of the two evaluations (on rubric rows, `eval/rubric_score`: the
-    judge reward against the judge's score of greedy held-out answers). The alarm fires when
-    rise >= alarms.hacking_reward_rise and
-    drop >= alarms.hacking_accuracy_drop: the policy got better at what
-    the rewards pay for and worse at what they stand for. Its scalar is
-    written with each evaluation's scalars (steps e_k), the others with
-    each training step's.
+`Monitor(config)` reads the scalars the train loop already logs:
+`update(step, scalars)` returns the windowed `alarm/<name>` scalars
+(entropy_collapse, zero_reward_spread, length_limit), `after_eval(step,
+scores)` the reward_hacking one; each is 1 while it fires and 0 otherwise,
+with a warning (what is wrong, `hint`) when it starts. `fired(step)` and
+`message(name)` serve training.stop_on_alarm; `state()` / `load()` carry
+the windows through a checkpoint's metadata.
 
-A window of 0 steps (or alarms.hacking = False) turns an alarm off. A
-warning is logged when an alarm starts firing, an info line when it stops.
-With training.stop_on_alarm the train loop saves a checkpoint and stops
-after the first step whose verdict (that step's windows, or that step's
-evaluation) fires; an alarm raised by the final evaluation only warns.
-
-Resume. The state is saved, not rebuilt: the last values of each watched
-scalar (at most one window's worth) and, for reward_hacking, the last
-evaluation's step and accuracy and the running sums of the least-squares
-fit since (count, first and last step, sums of x, y, x^2 and xy with x
-the step minus the first one). `state()` returns it as a small JSON dict
-that the trainer stores in each checkpoint's metadata, and `load()` puts
-it back. Rebuilding it would mean reading the run's event files back
-(process 0 only, possibly from gs://) or repeating the last evaluation;
-saving it costs a few numbers, and a resumed run then raises and stops on
-the same steps as the uninterrupted run. (The trainer saves a step after
-that step's evaluation, so the state has seen it; only a step saved
-because its evaluation raised lacks it.) Raw values, not counts, are kept
-so that thresholds changed on resume (alarms.* may change, see
-run_config.SAFE_FIELDS) judge the kept values anew. Which alarms fired is
-not state: it is judged again at the next step or evaluation.
-
-Every value read here is the same on every process (step scalars are means
-over all processes' rows), so the processes of a multi-host run reach the
-same verdicts and stop at the same step.
+Design notes: docs/alarms_and_wandb.md, 'Alarms'.
 """
 
 import dataclasses
@@ -124,7 +81,7 @@ def hint(name, config):
 
 
 class Monitor:
-  """Watches a run's scalars; see the module docstring.
+  """Watches a run's scalars (docs/alarms_and_wandb.md).
 
   In the train loop:
 
