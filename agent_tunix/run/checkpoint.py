@@ -1,61 +1,18 @@
 """Checkpoints for resumable GRPO training.
 
-`Checkpointer` wraps an Orbax `CheckpointManager` rooted at
-`<workdir>/checkpoints` (a local path or gs://...). Each saved step holds four
-items:
+Layer: run; may import every layer but the commands, and imports only
+storage.
 
-  'lora': the trainable LoRA parameters, as a pure nested dict of arrays
-    (`nnx.to_pure_dict(nnx.state(model, nnx.LoRAParam))`).
-  'opt': the optimizer's state, as a pure nested dict of arrays
-    (`nnx.to_pure_dict(nnx.state(optimizer, nnx.optimizer.OptState))`), which
-    includes the optimizer's own `step` counter and the optax state.
-  'data': this process's Grain iterator position (one small JSON file per
-    process, so a resume needs the same process count).
-  'meta': a small JSON dict: the step plus whatever the trainer passes (rng
-    seed, counters, ...), and a checksum of the 'lora' and 'opt' arrays.
+`Checkpointer(workdir, config.checkpoint)` wraps an Orbax
+`CheckpointManager` at `<workdir>/checkpoints` (local or gs://). A step
+holds 'lora' and 'opt' (pure dicts of the LoRA parameters and the
+optimizer state), 'data' (each process's Grain iterator position) and
+'meta' (the step, what the trainer passes, a checksum of the arrays).
+`save` never overwrites a step; `restore` falls back from a damaged step
+to older ones (`RestoreError` when none restores), and the trainer then
+calls `set_aside_damaged()`. Signals and errors: preemption.py.
 
-Saving. `save` honours checkpoint.save_interval_steps (steps that are
-multiples of it), a JAX preemption sync point (multi-host), and `force=True`
-(end of training, SIGTERM). With checkpoint.async_save the arrays are copied
-to host memory before `save` returns and written in a background thread;
-`wait()` blocks until that write is done. checkpoint.max_to_keep keeps the
-newest steps, older ones are deleted by Orbax after each save.
-
-Existing steps are never overwritten: saving a step that is already on disk
-is skipped with a warning and returns False (quietly when this Checkpointer
-saved that step itself, e.g. a forced save right after the periodic one).
-Orbax also skips non-forced saves of steps at or below the newest step on
-disk, so after a fallback from a damaged step N (see below) that was not set
-aside, periodic saves resume after N (a forced save below N still works).
-
-Damaged checkpoints. `restore` tries the newest step first. If it fails
-(truncated or corrupted files, a missing item, a target that does not match,
-or arrays that do not match their checksum: Orbax can read flipped bytes back
-without an error), it logs a warning naming the step and the error and tries
-the next older step, and so on; nothing is deleted or rewritten, the damaged
-step stays on disk (until max_to_keep rotates it out like any other step).
-A trainer then calls `set_aside_damaged()`: it moves every step that failed
-above the restored one to `<checkpoints>/damaged-step-<N>-<UTC time>/`
-(kept for inspection, never read again, not counted by max_to_keep), so the
-rerun saves its own step N again. Readers (evaluate, export, generate) only
-restore and never move anything.
-A failed restore leaves Orbax's other reads of that step in flight: when
-they end, their callbacks find Orbax's event loop closed and Python would
-print a traceback for each ('Event loop is closed', 'Exception ignored in:
-<coroutine ...>', ~46 per failure). The warning above already names the
-step and its error, so `restore` installs a `sys.unraisablehook` that drops
-exactly those two kinds (logged at verbosity 1) and passes any other
-unraisable error on to the previous hook.
-If no step can be restored it raises `RestoreError` listing every failure;
-only an empty checkpoint directory gives None. On several processes, a step
-counts as restored only if it restored on every process, so all processes
-agree on it. A transient read error (e.g. a GCS hiccup) also counts as a
-failure, so the run may resume from an older step than necessary; the log
-says so.
-
-Stopping. `run/preemption.py` holds the SIGTERM and Ctrl-C handling
-(`PreemptionGuard`) and the save of the last step when a step fails
-(`SaveOnError`).
+Design notes: docs/resuming.md, 'How checkpoints are saved and restored'.
 """
 
 import sys
@@ -89,7 +46,7 @@ class RestoreError(RuntimeError):
 def _is_abandoned_read(unraisable):
   """Whether an unraisable error is the aftermath of a failed Orbax read.
 
-  Two kinds (see the module docstring): a TensorStore read finishing after
+  Two kinds (docs/resuming.md): a TensorStore read finishing after
   Orbax closed its event loop (RuntimeError raised by the loop's
   call_soon_threadsafe, called from C: no Python frame above it), and an
   Orbax read coroutine that raised as it was thrown away unfinished.

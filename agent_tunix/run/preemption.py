@@ -1,34 +1,23 @@
 """How the train loop stops with its last step saved: signals and errors.
 
-Holds `PreemptionGuard` (SIGTERM and Ctrl-C as a flag the loop polls) and
-`SaveOnError` (the last completed step saved when a step raises). Imports
-no other part of agent_tunix; checkpoint.py does the saving.
+Layer: run; may import every layer but the commands, and imports nothing
+of agent_tunix (checkpoint.py does the saving).
 
-Preemption. `PreemptionGuard` turns SIGTERM and SIGINT (Ctrl-C) into a
-flag that the train loop polls once per step, on every process:
+`PreemptionGuard` turns SIGTERM and Ctrl-C into a flag the loop polls once
+a step, on every process (all get the same answer for a step):
 
   guard = preemption.PreemptionGuard().install()
   for step in ...:
-    ...
     stop = guard.should_stop(step)
     ckpt.save(step, ..., force=stop)
     if stop:
       break
-  ckpt.close()
   guard.uninstall()
 
-Nothing is saved inside the signal handler. When JAX's distributed runtime is
-initialised with its preemption service (the default on multi-host TPU), JAX
-already owns SIGTERM and picks a step at which all processes stop together
-(`multihost_utils.reached_preemption_sync_point`), so the guard leaves
-SIGTERM alone and asks JAX as well. Otherwise it installs a Python handler
-for SIGTERM too. On several processes the per-process flags are OR-ed with
-an all-gather each step, so every process stops at the same step (a Ctrl-C
-reaches only the process of its terminal).
+`SaveOnError` wraps the loop: when a step raises, the last completed step
+is saved before the error goes on, unless the parameters were mid-update.
 
-Errors. `SaveOnError` wraps the loop: when a step raises (a reward function
-failing, a second Ctrl-C), the last completed step is saved before the
-error goes on, unless the parameters were mid-update.
+Design notes: docs/resuming.md, 'Stopping on a signal or an error'.
 """
 
 import os
