@@ -6,41 +6,15 @@ r"""Trains a grid of runs one after another and compares their evaluations.
 
 The grid is the cartesian product of the --sweep flags (`FIELD=V1,V2,...`,
 one flag per config field); the --config.* overrides apply to every run.
-Each grid point trains in its own run directory `WORKDIR/<name>/`, where
-<name> is `field=value` per swept field, joined by ',' in the order of the
---sweep flags, e.g. `learning_rate=0.0001,beta=0.04`:
+Each point trains in `WORKDIR/<name>/` (e.g. `learning_rate=0.0001,beta=0.04`)
+as `python -m agent_tunix.main --workdir=WORKDIR/<name>` would; a rerun
+skips finished runs and resumes the others. The table of final
+evaluations is printed and written to WORKDIR/sweep.md and
+WORKDIR/sweep.json. Exit status 1 when a run failed, 2 for a bad flag or
+config (one line naming it and the fix).
 
-  * field is the last part of the field's name (`learning_rate`), or the
-    whole dotted name where two swept fields end alike;
-  * value is written as Python writes it, a float's exponent without its
-    leading zero (1e-4 -> 0.0001, 3e-6 -> 3e-6, true/false for booleans);
-    in text values every character other than letters, digits and '._+-'
-    becomes '_'.
-
-A run directory is what `python -m agent_tunix.main --workdir=WORKDIR/<name>`
-writes (checkpoints, TensorBoard events, config.json), so
-`tensorboard --logdir=WORKDIR` shows the runs side by side, each under its
-name, and a run can as well be trained by main (e.g. on its own TPU VM with
-launch/run.sh: --print_points gives each point's arguments).
-
-A run is finished when it has a checkpoint at training.num_steps (or later)
-and its event files hold eval/accuracy at that step (the trainer's final
-evaluation). A rerun skips finished runs, resumes a run with an earlier
-checkpoint from it (the trainer's own resume) and trains the others from
-scratch. A run that diverges or whose reward function fails is reported as
-failed and the sweep goes on (a rerun tries it again from its newest
-checkpoint); a run whose workdir another process holds is
-reported as running elsewhere; SIGTERM or Ctrl-C stops the sweep after the
-current run checkpoints (rerun to go on). A run whose data ran out before
-training.num_steps (data.num_epochs) is not finished: a rerun evaluates it
-again, and trains it further only with more epochs.
-
-At the end it prints a table of every run's final evaluation (accuracy,
-format accuracy and pass@k with their standard errors, read from the run's
-event files) and its best step (the evaluated step with the highest
-accuracy, the earliest of ties), and writes it to WORKDIR/sweep.md, with
-the same figures as JSON in WORKDIR/sweep.json. Exit status 1 when a run
-failed, or for a bad flag (one line naming it and the fix).
+Layer: commands; may import any layer of agent_tunix.
+Design notes: docs/sweeps.md.
 """
 
 import copy
