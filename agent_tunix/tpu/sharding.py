@@ -1,33 +1,17 @@
 """Device mesh from the config, array placement and multi-host helpers.
 
-The mesh axes are named after tunix's Gemma 3 ShardingConfig: 'fsdp' shards
-weights and the batch, 'tp' shards heads and hidden features; an optional
-'data' axis shards only the batch. Axis types are Auto: tunix's embedder
-gather fails under explicit sharding.
+Layer: tpu (bottom); may import agent, data, models, rewards, storage and
+cli, and imports nothing of agent_tunix.
 
-Where things live (B = batch rows):
+`make_mesh(config.mesh)` builds the mesh (axes `AXIS_NAMES`: 'data',
+'fsdp', 'tp'); `shard_batch` and `batch_sharding` place a batch by rows,
+`kv_cache_sharding` the sampler's KV cache, `place_optimizer` the
+optimizer state; `fit_spec` leaves an axis unsharded where it does not
+divide. Multi-host: `initialize_distributed`, `gather_rows` (a global
+batch on every host, in stream order) and `own_rows` (this process's
+rows of it).
 
-* Base weights: the PartitionSpec each tunix module declares in its
-  ShardingConfig ('fsdp' / 'tp' names in the Variable metadata).
-* LoRA params: qwix derives them from the adapted weight (lora_a keeps the
-  weight's input-side axes, lora_b its output-side axes, the rank axis is
-  unsharded), so their specs always match their rank.
-* Optimizer state: the moments copy the shardings of the LoRA params; the
-  step counter and anything else unsharded is replicated on the mesh
-  (`replicate_unplaced`), so every leaf is a global array.
-* Batches: rows over the batch axes ('data', 'fsdp'), everything else
-  replicated (`batch_sharding`, `shard_batch`).
-* Sampler state: token buffers by rows; KV cache [B, S, K, H] by rows and
-  kv heads, like tunix's `act_btnh` activations (`kv_cache_sharding`).
-
-A dimension that a mesh axis does not divide is left unsharded on that axis
-(`fit_spec`) instead of failing, e.g. a single KV head on a 2-way 'tp' axis.
-
-Multi-host: every process runs the same program on global arrays. Data
-arrives per process (the pipeline gives process p the stream positions p,
-p + P, p + 2P, ... of each global batch); `gather_rows` reassembles a global
-batch on every host in stream order and `own_rows` says which of its rows
-are this process's.
+Design notes: docs/tpu.md, 'Where arrays live on the mesh'.
 """
 
 import math
