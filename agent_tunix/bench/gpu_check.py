@@ -3,51 +3,17 @@ r"""The accelerator check's stages: one process runs them in order.
   python -m agent_tunix.bench.gpu_check --out=DIR --shapes=gpu \
       --tokenizer=.whl/gpu_bundle/tokenizer.model --deadline=EPOCH_SECONDS
 
-launch/gpu_check.sh is the command (it installs the bundle and runs the
-smoke stage first); docs/benchmarks.md says how to run it on a lent GPU.
+launch/gpu_check.sh is the command: it installs the bundle and runs the
+smoke stage first. `STAGES`, most wanted first: smoke, grpo, mfu, decode,
+tunix, grpo_tools, big. Each stage writes DIR/results.json and
+DIR/results.md when it ends (bench/gpu_results.py) and runs under its own
+time limit (`LIMITS_S`, cut to what is left before --deadline): past it
+the stage is recorded as "timeout" and the process exits 124; run again,
+it goes on with the next stage. --shapes: gpu (`WORKLOADS`: the 270M and
+the 1B, random weights, bfloat16) or tiny (the CPU rehearsal).
 
-Stages, in the order they run (most wanted first, so that a short lease
-still yields the headline numbers):
-
-  smoke       imports the training path, prints versions and devices, runs
-              one jitted matmul and one NNX layer on the device.
-  grpo        our GRPO step (bench/grpo_step.py) on the main workload:
-              step, rollout and update seconds, tokens/s, compile apart.
-  mfu         the update's model FLOPs utilisation: the compiler's FLOP
-              count of the update (lowered for one prompt's rows with one
-              log-prob chunk, so that no loop hides its trips; times the
-              prompts) / the update's time / the device's peak bf16 FLOP/s.
-  decode      decode tokens/s (bench/decode_speed.py) at three batch sizes,
-              against the HBM bandwidth bound: weights + KV cache bytes read
-              per decode step / the device's published bandwidth.
-  tunix       tunix's GRPOLearner (bench/tunix_step.py) on the main
-              workload: its step time and ours / its.
-  grpo_tools  our GRPO step at the tools preset's shapes.
-  big         our GRPO step of the 1B architecture on the main workload.
-
-Each stage writes DIR/results.json and DIR/results.md when it ends
-(bench/gpu_results.py has the fields). A stage runs under its own time limit
-(`LIMITS_S`, cut to what is left before --deadline): a watchdog thread
-records it as "timeout" and ends the process with exit status 124; the
-script then starts this command again, which goes on with the next stage
-(stages already recorded are not run again). Compiled programs are kept in
-JAX's persistent compilation cache (the script sets its directory), so a
-program compiled by one stage or run is loaded, not compiled, by the next.
-
-Workloads (`--shapes`):
-
-  gpu    gemma3_270m (random weights, bfloat16): main workload 64 prompts x
-         8 completions, 128 prompt + 256 new tokens, micro-batches of 4
-         prompts (tunix's log-probs take a micro-batch's whole [rows,
-         length, vocab] logits: for 32 rows 6.4 GB in bfloat16, 13 GB cast
-         to float32); tools: configs/gemma3_270m_tools.py's 4 x 8, 424 +
-         88 tokens (single turn); decode batches 16, 64, 256; big:
-         gemma3_1b_pt on the main workload.
-  tiny   configs/tiny.py (2 layers) at a few tokens, for the CPU rehearsal;
-         big: gemma3_270m at the same few tokens.
-
-Times hold for random weights because every completion runs to its full
-length (end tokens are disabled, as in the bench).
+Layer: commands (bench); may import any layer of agent_tunix.
+Design notes: docs/benchmarks.md, 'A lent GPU: launch/gpu_check.sh'.
 """
 
 import dataclasses
