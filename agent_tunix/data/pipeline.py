@@ -1,24 +1,15 @@
 """Grain input pipeline: examples -> prompts -> token batches.
 
-`load_examples` reads question/answer examples from `data.source`;
-`make_train_iterator` turns the train split into a checkpointable iterator of
-batches; `eval_examples` gives the held-out split as prompt strings.
+Layer: data (bottom); may import agent, models, rewards, tpu, storage and
+cli, and imports only its own modules.
 
-Sources (`data.source`): 'synthetic', 'gsm8k_tfds', 'gsm8k_hf', 'jsonl',
-'parquet', or a mixture 'name:weight,name:weight'. In a mixture the weights
-are normalised to proportions p_i, and a split of N examples (N =
-data.num_train_examples or data.num_eval_examples) takes round(N * p_i)
-examples from source i (largest-remainder rounding, so the counts sum to N
-exactly), each source's first examples of that split. With N = 0 ("all"), N is
-the largest total that keeps the proportions without reusing any example. The
-mixed list is then shuffled with data.seed. data.path is shared by all
-components that read it.
+`load_examples(config, split)` reads question/answer examples from
+`data.source` (one of `SOURCES`, or a mixture 'name:weight,...');
+`make_train_iterator` turns the train split into this process's
+checkpointable Grain iterator (`get_state()` / `set_state()`) of batches;
+`eval_examples` gives the held-out split with its prompts.
 
-Local files: data.path may contain '{split}', replaced by 'train' or 'test'.
-Without it a single file serves both splits: its last data.num_eval_examples
-rows are the eval split and never appear in train.
-
-Batches, per process (training.batch_size // process_count prompts each):
+A batch (training.batch_size // process_count prompts):
   'prompt', 'question', 'answer', 'reasoning' (the worked solution, '' when
     the source has none), 'rubric' (rubric rows' items as a JSON list,
     '[]' otherwise), 'reference' (a rubric row's reference answer, or ''):
@@ -27,15 +18,7 @@ Batches, per process (training.batch_size // process_count prompts each):
     padded with 0.
   'prompt_mask': bool, same shape, True on real tokens.
 
-Order: the kept examples are shuffled with data.seed (a new order each epoch),
-repeated data.num_epochs times, cut to a whole number of global batches, then
-process p takes positions p, p + P, p + 2P, ... of that stream. So global step
-t holds exactly the stream's positions [t * B, (t + 1) * B), whatever the
-number of processes, and processes never share an example within a pass.
-
-The iterator is a grain `DatasetIterator`: `get_state()` / `set_state()` give
-exact resume, and `grain.checkpoint.CheckpointSave` /
-`grain.checkpoint.CheckpointRestore` save it with an Orbax CheckpointManager.
+Design notes: docs/data.md, 'Train and eval splits'.
 """
 
 import functools
