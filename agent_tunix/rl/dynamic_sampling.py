@@ -1,38 +1,16 @@
 """Dynamic sampling (DAPO, Yu et al. 2025): train on groups that differ.
 
-A group of G completions whose rewards are all equal has zero advantage:
-it adds nothing to the policy gradient, yet a token-mean loss still counts
-its tokens. With `grpo.dynamic_sampling` a step samples its batch of B
-prompts as usual (round 0). When fewer than B of its groups have a reward
-spread (max > min), it draws the next batch of B prompts from the data
-iterator and samples that too (round 1, with its own seed), and so on,
-until B groups with a spread are found, `grpo.max_sampling_rounds` batches
-were sampled, or the data ends.
+Layer: rl; may import agent, data, models, rewards, tpu, storage and cli.
 
-The update batch keeps its shape (B groups of G rows), so the compiled
-programs and the micro-batches are those of any other step. Its groups
-are the first B groups with a spread in sampling order (round, then stream
-position within the round); groups with a spread beyond the first B are
-not used. When the rounds found fewer than B, the remaining places hold
-groups without a spread (the earliest sampled), with advantages and
-completion mask set to zero: they are out of the policy term, the KL term
-and the token counts of the loss, so the update is that of the smaller
-batch (an update of no group at all has a zero gradient; AdamW's momentum
-and weight decay still move the parameters, as in plain GRPO on a batch
-without spread).
+`run.train.rollout_dynamic` calls `collect` (sample rounds of B prompts
+until B groups have a reward spread, `grpo.max_sampling_rounds` batches
+were sampled, or the data ends; it returns the rounds and their
+`Selection`), `assemble` with `own_places` (this process's rows of the
+update batch, B groups of G rows: the groups without a spread that fill
+it have zero advantages and completion mask) and `step_scalars` (the
+`dynamic_sampling/*` metrics).
 
-Resume: the extra batches come from the run's own data iterator, whose
-position is checkpointed after the step, and round r > 0 samples with a
-seed derived from (training.seed, step, r); a resumed run draws and samples
-exactly what the uninterrupted one did.
-
-Several processes: the decision to draw again is taken from the rewards of
-every process's rows (gathered, the same array on every process), so every
-process draws the same number of batches. The sampled tokens of every row
-are on every process already (the sampler gathers them), so after the
-selection each process takes its places p, p + P, p + 2P, ... of the B
-chosen groups, as the pipeline gives it prompts: the chosen batch, and so
-the run, does not depend on the number of processes.
+Design notes: docs/how_it_works.md, 'Dynamic sampling'.
 """
 
 import dataclasses
