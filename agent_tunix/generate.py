@@ -1,4 +1,4 @@
-r"""Generates text from a Gemma 3 policy: the base model or a trained run.
+r"""Generates text from a policy: the base model or a trained run.
 
   python -m agent_tunix.generate --config=configs/gemma3_270m.py \
       --prompt="The capital of France is" --max_new_tokens=16 --temperature=0
@@ -8,26 +8,24 @@ r"""Generates text from a Gemma 3 policy: the base model or a trained run.
 
 --workdir loads the run's trained LoRA (latest checkpoint, or --step); a
 workdir without a checkpoint is an error. Without --workdir the base model
-generates.
+generates. Sampling is greedy at --temperature=0 (the default).
 
 --prompt is continued as given (BOS is prepended) and the continuation is
 printed as one line. --interactive reads one question or prompt per line from
 stdin and prints each answer as one line (a newline inside an answer is
 written as '\n', a backslash as '\\'), until end of input or a line 'exit'.
 
---template picks how a line becomes the model input: 'auto' (default)
-formats interactive lines with the run's prompt template
-(data.prompts.format_prompt, system prompt included) when the config uses
-chat turns (-it presets, data.template=chat), and passes --prompt and other
-lines as given; 'train' always formats with the run's template (the few-shot
-prompt for pretrained presets); 'raw' never does. Sampling is greedy at
---temperature=0 (the default).
+--template: 'auto' (default) formats interactive lines with the run's
+prompt template (system prompt included) when the config uses chat turns
+(-it presets, data.template=chat) and passes --prompt and other lines as
+given; 'train' always formats with the run's template (the few-shot prompt
+for pretrained presets); 'raw' never does. With tools
+(`--config.agent.tools`) every input is an episode: 'auto' formats it with
+the tool prompt and the answer is the transcript, one line per turn
+('model: ...', 'tool: name(args) -> result'; docs/agent.md);
+--max_new_tokens bounds the whole episode.
 
-With tools (`--config.agent.tools`, e.g. configs/gemma3_270m_tools.py) every
-input is an episode: 'auto' formats it with the tool prompt, the model may
-call tools, and the answer is the transcript, one line per turn:
-'model: ...' for the model's turns and 'tool: name(args) -> result' for the
-results it got (--max_new_tokens bounds the whole episode).
+Layer: commands; may import any layer of agent_tunix.
 """
 
 import sys
