@@ -107,8 +107,9 @@ def get_config(arg=None):
   config.data.num_train_examples = 2048
   # Number of held-out examples for evaluation.
   config.data.num_eval_examples = 64
-  # Synthetic difficulty: 1 (one operation) .. 3 (multi-step, distractors),
-  # 4 (two or three operations on 2- to 4-digit numbers: for a calculator).
+  # Synthetic difficulty: 1 (one operation), 2 (one or two), 3 (multi-step,
+  # distractors), 4 (two or three operations on 2- to 4-digit numbers:
+  # for the calculator tool); docs/data.md, 'The synthetic problems'.
   config.data.difficulty = 2
   # Seed for generation, shuffling and sharding of the data.
   config.data.seed = 0
