@@ -30,6 +30,7 @@ from agent_tunix import storage
 from agent_tunix.data import pipeline
 from agent_tunix.data import prompts
 from agent_tunix.data import rubrics
+from agent_tunix.models import families
 from agent_tunix.rl import episodes
 from agent_tunix.rl import evaluation
 from agent_tunix.run import lock as run_lock
@@ -149,7 +150,8 @@ def ask(session, question, max_new_tokens=None, rubric=None):
     )
   items = rubrics.normalise(rubric) if rubric is not None else None
   prompt = prompts.format_prompt(
-      pipeline.rubric_question(question, items, config), config)
+      pipeline.rubric_question(question, items, config), config,
+      families.of_preset(config.model.preset).tool_format)
   encoded = pipeline.encode_prompt(
       prompt, session.tokenizer, gen.max_prompt_length
   )

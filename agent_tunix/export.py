@@ -26,11 +26,12 @@ place when complete, so an interrupted export leaves no partial output.
 Export runs in one process and writes local paths only.
 
 Layouts. models/gemma3_hf.py holds Gemma 3's Hugging Face layout (and how
-qwix's LoRA factors map to it and to PEFT's), models/gemma3_gguf.py its GGUF
-layout and the GGUF file writer; models/gemma4_hf.py and
-models/gemma4_gguf.py hold Gemma 4's. This module merges the LoRA into the
-weights (W + (alpha / r) * A B in the tunix layout), maps every weight
-through the family's layout and writes the files. A model or weight the
+qwix's LoRA factors map to it and to PEFT's, and its chat template),
+models/gemma3_gguf.py its GGUF layout and the GGUF file writer;
+models/gemma4_hf.py and models/gemma4_gguf.py hold Gemma 4's. The preset's
+family (models/families.py) names its two layouts. This module merges the
+LoRA into the weights (W + (alpha / r) * A B in the tunix layout), maps
+every weight through the family's layout and writes the files. A model or weight the
 layouts cannot hold raises their `gemma3_hf.LayoutError`, which the command
 reports as it does an ExportError.
 
@@ -60,11 +61,10 @@ from agent_tunix import models
 from agent_tunix import storage
 from agent_tunix.config import validation
 from agent_tunix.data import prompts
+from agent_tunix.models import families
 from agent_tunix.models import gemma
 from agent_tunix.models import gemma3_gguf
 from agent_tunix.models import gemma3_hf
-from agent_tunix.models import gemma4_gguf
-from agent_tunix.models import gemma4_hf
 from agent_tunix.models import gguf as gguf_lib
 from agent_tunix.models import lora
 from agent_tunix.models import tokenizer as tokenizer_lib
@@ -84,50 +84,9 @@ MAX_SHARD_BYTES = 4 << 30
 # Adapted tunix weight (path below layers.N) -> einsum of its LoRA delta
 # 'A,B->W' (models/gemma3_hf.py).
 _DELTA_EINSUM = {
-    **gemma3_hf.LORA_DELTA_EINSUM,
-    **gemma4_hf.LORA_DELTA_EINSUM,
+    name: einsum for family in families.FAMILIES
+    for name, einsum in family.hf_layout.LORA_DELTA_EINSUM.items()
 }
-# A Gemma chat template (Jinja, as Hugging Face and llama.cpp read it): a
-# system message is put in front of the next user turn, as
-# data/prompts.chat_prompt does.
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- set pending = namespace(system='') -%}"
-    "{%- for message in messages -%}"
-    "{%- if message['role'] == 'system' -%}"
-    "{%- set pending.system = message['content'] + '\n\n' -%}"
-    "{%- else -%}"
-    "{%- set role = 'model' if message['role'] == 'assistant' else 'user' -%}"
-    "{{ '<start_of_turn>' + role + '\n' + pending.system"
-    " + message['content'] + '<end_of_turn>\n' }}"
-    "{%- set pending.system = '' -%}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}"
-    "{%- endif -%}"
-)
-
-# Gemma 4's turns (data/prompts.chat_prompt with a Gemma 4 preset): the
-# system message has its own turn, `enable_thinking` opens it with
-# <|think|> and a newline, texts are stripped, and with thinking off the
-# model turn opens with an empty thought block.
-GEMMA4_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- set think = enable_thinking is defined and enable_thinking -%}"
-    "{%- set system = messages and messages[0]['role'] == 'system' -%}"
-    "{%- if think or system -%}"
-    "{{ '<|turn>system\n' + ('<|think|>\n' if think else '')"
-    " + (messages[0]['content'] | trim if system else '') + '<turn|>\n' }}"
-    "{%- endif -%}"
-    "{%- for message in (messages[1:] if system else messages) -%}"
-    "{%- set role = 'model' if message['role'] == 'assistant' "
-    "else message['role'] -%}"
-    "{{ '<|turn>' + role + '\n' + message['content'] | trim + '<turn|>\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<|turn>model\n' }}"
-    "{%- if not think -%}{{ '<|channel>thought\n<channel|>' }}{%- endif -%}"
-    "{%- endif -%}"
-)
 
 
 class ExportError(ValueError):
@@ -299,8 +258,7 @@ def merged_params(model, model_cfg):
 
 def hf_state(model, model_cfg):
   """Yields the merged model as Hugging Face (name, float32 array) pairs."""
-  to_hf = (gemma4_hf.hf_tensors if gemma.is_gemma4(model_cfg.preset)
-           else gemma3_hf.hf_tensors)
+  to_hf = families.of_preset(model_cfg.preset).hf_layout.hf_tensors
   for name, w in merged_params(model, model_cfg):
     for hf_name, x in to_hf(name, w):
       yield hf_name, np.ascontiguousarray(x)
@@ -327,7 +285,7 @@ def peft_factors(weight, a, b):
 
 def peft_prefix(preset):
   """Where a preset's decoder layers are in PEFT's names of the HF model."""
-  if preset in gemma3_hf.MULTIMODAL or gemma.is_gemma4(preset):
+  if families.of_preset(preset).hf_layout.is_multimodal(preset):
     return 'base_model.model.model.language_model.layers.'
   return 'base_model.model.model.layers.'
 
@@ -339,7 +297,7 @@ def peft_target_modules(preset, modules):
   regex over the language model's layers, since the vision tower has
   q_proj etc. too.
   """
-  if preset not in gemma3_hf.MULTIMODAL and not gemma.is_gemma4(preset):
+  if not families.of_preset(preset).hf_layout.is_multimodal(preset):
     return sorted({m.split('.')[-1] for m in modules})
   alternatives = '|'.join(re.escape(m) for m in sorted(modules))
   return rf'model\.language_model\.layers\.\d+\.({alternatives})'
@@ -359,20 +317,18 @@ def peft_state(model, prefix='base_model.model.model.layers.'):
 
 
 def context_length(preset):
-  if gemma.is_gemma4(preset):  # 128k for E2B / E4B, 256k for the others.
-    small = preset.startswith(('gemma4_e2b', 'gemma4_e4b', 'tiny_gemma4'))
-    return 131072 if small else 262144
-  return gemma3_hf.context_length(preset)
+  """max_position_embeddings of a preset (its family's HF layout)."""
+  return families.of_preset(preset).hf_layout.context_length(preset)
 
 
 def hf_config(config, tokenizer, dtype='float32'):
-  """config.json (Gemma 3: gemma3_hf.hf_config; Gemma 4: gemma4_hf's)."""
+  """config.json (the family's: gemma3_hf.hf_config, gemma4_hf's)."""
   cfg = gemma.model_config(config.model)
   token_ids = {'bos_token_id': tokenizer.bos_id(),
                'eos_token_id': tokenizer.eos_id(),
                'pad_token_id': max(tokenizer.pad_id(), 0)}
-  family = gemma4_hf if gemma.is_gemma4(config.model.preset) else gemma3_hf
-  return family.hf_config(
+  layout = families.of_preset(config.model.preset).hf_layout
+  return layout.hf_config(
       cfg, context_length(config.model.preset), token_ids, dtype)
 
 
@@ -431,9 +387,8 @@ def tokenizer_files(config, tokenizer):
       'sp_model_kwargs': {},
   }
   if _uses_chat(config):
-    tok_config['chat_template'] = (
-        GEMMA4_CHAT_TEMPLATE if gemma.is_gemma4(config.model.preset)
-        else CHAT_TEMPLATE)
+    tok_config['chat_template'] = families.of_preset(
+        config.model.preset).hf_layout.CHAT_TEMPLATE
   generation = {
       'bos_token_id': tokenizer.bos_id(),
       'eos_token_id': rollout.end_token_ids(tokenizer),
@@ -622,17 +577,10 @@ def write_gguf(path, model, tokenizer, config, gguf_dtype='f32', step=None):
   m = config.model
   cfg = gemma.model_config(m)
   context = context_length(m.preset)
-  if gemma.is_gemma4(m.preset):
-    layers = gemma4_gguf.Layers(model)
-    tensors = gemma4_gguf.export_tensors(hf_state(model, m), cfg, layers)
-    family = dict(
-        arch=gemma4_gguf.ARCH,
-        hparams=lambda w: gemma4_gguf.add_hparams(w, cfg, layers, context))
-    template = GEMMA4_CHAT_TEMPLATE
-  else:
-    tensors = ((gemma3_gguf.gguf_name(name), w)
-               for name, w in hf_state(model, m))
-    family, template = {}, CHAT_TEMPLATE
+  family = families.of_preset(m.preset)
+  tensors, arch_args = family.gguf_layout.file_parts(
+      hf_state(model, m), cfg, model, context)
+  template = family.hf_layout.CHAT_TEMPLATE
   gemma3_gguf.write_gguf_file(
       path, cfg, tensors, gguf_vocab(m, tokenizer), gguf_dtype,
       name=(f'{m.preset} (agent_tunix'
@@ -640,7 +588,7 @@ def write_gguf(path, model, tokenizer, config, gguf_dtype='f32', step=None):
       description=_readme(config, 'GGUF', step).strip(),
       context=context,
       chat_template=template if _uses_chat(config) else None,
-      **family)
+      **arch_args)
 
 
 # ------------------------------------------------------------------ output

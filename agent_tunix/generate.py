@@ -39,6 +39,7 @@ from agent_tunix import cli
 from agent_tunix import export
 from agent_tunix.config import validation
 from agent_tunix.data import prompts
+from agent_tunix.models import families
 from agent_tunix.models import tokenizer as tokenizer_lib
 from agent_tunix.rl import episodes
 from agent_tunix.rl import rollout
@@ -133,7 +134,8 @@ def model_input(text, config, template, interactive):
   if template == 'train' or config.agent.tools or (
       interactive and prompts.resolve_template(config) == 'chat'
   ):
-    return prompts.format_prompt(text, config)
+    return prompts.format_prompt(
+        text, config, families.of_preset(config.model.preset).tool_format)
   return text
 
 

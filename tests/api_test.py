@@ -78,7 +78,8 @@ def test_interactive_loop_formats_and_stops():
                                               'exit\n', 'never read\n'],
       out, config)
   assert count == 1
-  want = '[' + prompts.format_prompt('What is 2 + 3?', config) + ']'
+  want = '[' + prompts.format_prompt('What is 2 + 3?', config,
+                                     'gemma3') + ']'
   assert out.getvalue() == want.replace('\n', '\\n') + '\\nsecond line\n'
 
 

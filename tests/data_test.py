@@ -32,6 +32,12 @@ class WordTokenizer:
     return 2
 
 
+def _train_iterator(config, *args):
+  """The train iterator of `config` (a Gemma 3 preset: its turns)."""
+  return pipeline.make_train_iterator(config, WordTokenizer(), *args,
+                                      turns='gemma3')
+
+
 def _config(**data):
   config = base.get_config()
   config.data.num_train_examples = 64
@@ -47,7 +53,7 @@ def test_tool_prompts_are_turns_with_instructions_and_worked_calls():
   config = _config(template='plain')
   config.agent.tools = 'calculator'
   question = 'A van carries 312 crates of 24 cans. How many cans?'
-  prompt = prompts.format_prompt(question, config)
+  prompt = prompts.format_prompt(question, config, 'gemma3')
   # A short tool list opens the first user turn (the worked episodes show
   # the answer format: no system prompt).
   assert prompt.startswith('<start_of_turn>user\nTools (each result comes '
@@ -67,7 +73,7 @@ def test_tool_prompts_are_turns_with_instructions_and_worked_calls():
   # 'chat' (instruction-tuned presets): the system prompt and the format's
   # instructions, no worked calls.
   config.data.template = 'chat'
-  prompt = prompts.format_prompt(question, config)
+  prompt = prompts.format_prompt(question, config, 'gemma3')
   assert prompt.startswith('<start_of_turn>user\n' + config.data.system_prompt)
   assert 'calculator(expression: str)' in prompt
   assert prompt.count('[calculator(expression="') == 1  # The example only.
@@ -79,7 +85,7 @@ def test_gemma4_tool_prompts_use_its_turns_and_tool_tokens():
   config.model.preset = 'gemma4_e2b_it'
   config.agent.tools, config.agent.format = 'calculator', 'gemma4'
   question = 'A van carries 312 crates of 24 cans. How many cans?'
-  prompt = prompts.format_prompt(question, config)
+  prompt = prompts.format_prompt(question, config, 'gemma4')
   # A system turn with the system prompt and, right after it, the
   # declarations; then the question, and the model turn opens with an empty
   # thought block (thinking off), as Gemma 4's chat template writes it
@@ -91,13 +97,13 @@ def test_gemma4_tool_prompts_use_its_turns_and_tool_tokens():
       '<|channel>thought\n<channel|>')
   assert '<start_of_turn>' not in prompt and '<end_of_turn>' not in prompt
   config.data.thinking = True
-  thinking = prompts.format_prompt(question, config)
+  thinking = prompts.format_prompt(question, config, 'gemma4')
   assert thinking.startswith(
       '<|turn>system\n<|think|>\n' + config.data.system_prompt)
   assert thinking.endswith(f'{question}<turn|>\n<|turn>model\n')
   # 'plain' (pretrained): the worked episodes in Gemma 4's tokens.
   config.data.template, config.data.thinking = 'plain', False
-  prompt = prompts.format_prompt(question, config)
+  prompt = prompts.format_prompt(question, config, 'gemma4')
   assert prompt.startswith('<|turn>system\nTools (each result comes back')
   assert prompt.count('<|tool_call>call:calculator{expression:<|"|>') == 3
   assert ('<tool_call|><|tool_response>response:calculator{value:<|"|>187'
@@ -244,7 +250,7 @@ def test_synthetic_examples_name_their_type_and_shape():
     assert example['type'] in synthetic.LEVEL_TEMPLATES[4]
     assert example['shape'] == synthetic.SHAPES[example['type']]
   config = _config(source='synthetic_unseen', difficulty=4)
-  records = pipeline.eval_examples(config, WordTokenizer())
+  records = pipeline.eval_examples(config, WordTokenizer(), turns='gemma3')
   assert len(records) == 16
   for record in records:
     assert record['type'] in synthetic.UNSEEN_TEMPLATES
@@ -440,7 +446,7 @@ def test_template_selection():
   config = _config(template='auto', system_prompt='Be brief.')
   config.model.preset = 'gemma3_1b_it'
   assert prompts.resolve_template(config) == 'chat'
-  assert prompts.format_prompt('What is 2 + 2?', config) == (
+  assert prompts.format_prompt('What is 2 + 2?', config, 'gemma3') == (
       '<start_of_turn>user\nBe brief.\n\nWhat is 2 + 2?<end_of_turn>\n'
       '<start_of_turn>model\n'
   )
@@ -456,7 +462,7 @@ def test_template_selection():
 
 def test_plain_template_is_few_shot_in_answer_format():
   config = _config(template='plain', system_prompt='Be brief.')
-  text = prompts.format_prompt('What is 2 + 2?', config)
+  text = prompts.format_prompt('What is 2 + 2?', config, 'gemma3')
   assert text.startswith('Be brief.\n\nQuestion: ')
   assert text.endswith('\n\nQuestion: What is 2 + 2?\nAnswer:\n')
   shots = re.findall(r'<reasoning>(.+?)</reasoning><answer>(\d+)</answer>',
@@ -471,7 +477,7 @@ def test_plain_template_is_few_shot_in_answer_format():
 
 def test_batches_are_left_padded_token_arrays():
   config = _config()
-  iterator, stats = pipeline.make_train_iterator(config, WordTokenizer())
+  iterator, stats = _train_iterator(config)
   assert stats['num_train_examples'] == 64
   assert stats['steps_per_epoch'] == 16 and stats['num_batches'] == 16
   batch = next(iterator)
@@ -499,31 +505,32 @@ def test_long_prompts_are_dropped_and_counted(caplog):
   config = _config(template='chat', difficulty=3)
   config.generation.max_prompt_length = 70
   examples = pipeline.load_examples(config, 'train')
-  lengths = [len(prompts.format_prompt(e['question'], config).split()) + 1
+  lengths = [len(prompts.format_prompt(e['question'], config,
+                                       'gemma3').split()) + 1
              for e in examples]
   expected = sum(n > 70 for n in lengths)
   assert 0 < expected < len(examples) - 4
   with caplog.at_level(logging.WARNING):
-    iterator, stats = pipeline.make_train_iterator(config, WordTokenizer())
+    iterator, stats = _train_iterator(config)
   assert stats['dropped_long_prompts'] == expected
   assert stats['num_train_examples'] == len(examples) - expected
   assert 'Dropped %d of 64 train prompts' % expected in caplog.text
   for batch in iterator:
     assert batch['prompt_mask'].sum(axis=1).max() <= 70
-  evals = pipeline.eval_examples(config, WordTokenizer())
+  evals = pipeline.eval_examples(config, WordTokenizer(), turns='gemma3')
   assert all(len(e['prompt'].split()) + 1 <= 70 for e in evals)
   config.generation.max_prompt_length = 10
   with pytest.raises(ValueError, match='max_prompt_length=10'):
-    pipeline.make_train_iterator(config, WordTokenizer())
+    _train_iterator(config)
 
 
 def test_process_shards_are_disjoint_and_cover_the_data():
   config = _config(num_train_examples=32, num_epochs=2)
   config.training.batch_size = 8
   single = [_questions(b) for b in
-            pipeline.make_train_iterator(config, WordTokenizer())[0]]
+            _train_iterator(config)[0]]
   shards = [[_questions(b) for b in
-             pipeline.make_train_iterator(config, WordTokenizer(), p, 2)[0]]
+             _train_iterator(config, p, 2)[0]]
             for p in range(2)]
   assert len(single) == 8 and [len(s) for s in shards] == [8, 8]
   everything = {e['question'] for e in pipeline.load_examples(config, 'train')}
@@ -538,7 +545,7 @@ def test_process_shards_are_disjoint_and_cover_the_data():
     assert set(first) | set(second) == everything
   assert sum(single[:4], []) != sum(single[4:], [])  # Reshuffled per epoch.
   with pytest.raises(ValueError, match='batch_size=8.*process count 3'):
-    pipeline.make_train_iterator(config, WordTokenizer(), 0, 3)
+    _train_iterator(config, 0, 3)
 
 
 def _assert_same_batches(got, want):
@@ -551,12 +558,12 @@ def _assert_same_batches(got, want):
 
 def test_iterator_state_restores_exactly():
   config = _config(num_epochs=3)
-  iterator, _ = pipeline.make_train_iterator(config, WordTokenizer())
+  iterator, _ = _train_iterator(config)
   for _ in range(14):  # Into the second epoch.
     next(iterator)
   state = iterator.get_state()
   want = [next(iterator) for _ in range(5)]
-  fresh, _ = pipeline.make_train_iterator(config, WordTokenizer())
+  fresh, _ = _train_iterator(config)
   first = next(fresh)
   fresh.set_state(state)
   got = [next(fresh) for _ in range(5)]
@@ -566,7 +573,7 @@ def test_iterator_state_restores_exactly():
 
 def test_iterator_restores_through_orbax(tmp_path):
   config = _config()
-  iterator, _ = pipeline.make_train_iterator(config, WordTokenizer())
+  iterator, _ = _train_iterator(config)
   for _ in range(3):
     next(iterator)
   with ocp.CheckpointManager(tmp_path / 'ckpt') as manager:
@@ -574,7 +581,7 @@ def test_iterator_restores_through_orbax(tmp_path):
         data=grain.checkpoint.CheckpointSave(iterator)))
     manager.wait_until_finished()
   want = [next(iterator) for _ in range(4)]
-  fresh, _ = pipeline.make_train_iterator(config, WordTokenizer())
+  fresh, _ = _train_iterator(config)
   with ocp.CheckpointManager(tmp_path / 'ckpt') as manager:
     restored = manager.restore(3, args=ocp.args.Composite(
         data=grain.checkpoint.CheckpointRestore(fresh)))
@@ -585,7 +592,7 @@ def test_iterator_restores_through_orbax(tmp_path):
 def test_eval_examples_are_held_out():
   config = _config(num_train_examples=300, num_eval_examples=40)
   config.model.preset = 'gemma3_1b_it'
-  evals = pipeline.eval_examples(config, WordTokenizer())
+  evals = pipeline.eval_examples(config, WordTokenizer(), turns='gemma3')
   assert len(evals) == 40
   assert set(evals[0]) == {'prompt', 'question', 'answer'}
   assert evals[0]['prompt'].startswith('<start_of_turn>user\n')

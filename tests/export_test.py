@@ -278,7 +278,7 @@ def test_merged_tokenizer_files(run, merged_dir):
                     {'role': 'user', 'content': 'What is 2 + 3?'}],
           add_generation_prompt=True, bos_token='<bos>')
   assert rendered == '<bos>' + prompts.format_prompt('What is 2 + 3?',
-                                                     run.config)
+                                                     run.config, 'gemma3')
   with open(os.path.join(merged_dir, 'generation_config.json')) as f:
     assert json.load(f)['eos_token_id'] == [1, 106]
 
@@ -512,15 +512,16 @@ def test_gguf_writer_round_trip(tmp_path, gguf_dtype):
       token_types=np.array([3, 3, 3, 2] + [1] * 252, np.int32),
       special_ids={'pad': 0, 'eos': 1, 'bos': 2, 'unk': 3}, digest='')
   path = str(tmp_path / 'small.gguf')
-  gemma3_gguf.write_gguf_file(path, cfg, tensors, vocab, gguf_dtype,
-                              name='small', chat_template=export.CHAT_TEMPLATE)
+  gemma3_gguf.write_gguf_file(
+      path, cfg, tensors, vocab, gguf_dtype, name='small',
+      chat_template=gemma3_hf.CHAT_TEMPLATE)
 
   reader = gguf.GGUFReader(path)
   assert reader.fields['general.architecture'].contents() == 'gemma3'
   assert reader.fields['gemma3.block_count'].contents() == 2
   assert reader.fields['tokenizer.ggml.tokens'].contents() == vocab.tokens
   assert reader.fields['tokenizer.chat_template'].contents() == (
-      export.CHAT_TEMPLATE)
+      gemma3_hf.CHAT_TEMPLATE)
   q = gguf.GGMLQuantizationType
   types = {t.name: t.tensor_type for t in reader.tensors}
   assert len(types) == 2 + 13 * 2
@@ -622,7 +623,7 @@ def test_generate_cli_answers_with_the_trained_lora(run):
   # One answer: the empty line is skipped, 'exit' ends the loop.
   (answer,) = out.splitlines()
   want, _ = generate.Generator(run.session.model, run.session.tokenizer)(
-      prompts.format_prompt(_QUESTION, run.config), _CHAT_TOKENS)
+      prompts.format_prompt(_QUESTION, run.config, 'gemma3'), _CHAT_TOKENS)
   assert answer == want.replace('\\', '\\\\').replace('\n', '\\n')
 
 

@@ -22,6 +22,7 @@ from agent_tunix import models
 from agent_tunix.config import validation
 from agent_tunix.data import pipeline
 from agent_tunix.data import prompts
+from agent_tunix.models import families
 from agent_tunix.models import gemma
 from agent_tunix.models import gemma4
 from agent_tunix.models import lora
@@ -303,20 +304,20 @@ def test_gemma4_chat_prompt_and_thinking():
   # (tests/side/gemma4_vocab_check.py): thinking off opens the model turn
   # with an empty thought block; thinking on puts <|think|> and a newline
   # in the system turn, which it writes even with no system prompt.
-  text = prompts.format_prompt('2 + 2?', config)
+  text = prompts.format_prompt('2 + 2?', config, 'gemma4')
   assert text == ('<|turn>system\nBe brief.<turn|>\n'
                   '<|turn>user\n2 + 2?<turn|>\n<|turn>model\n'
                   '<|channel>thought\n<channel|>')
   config.data.thinking = True
-  assert prompts.format_prompt('2 + 2?', config) == (
+  assert prompts.format_prompt('2 + 2?', config, 'gemma4') == (
       '<|turn>system\n<|think|>\nBe brief.<turn|>\n'
       '<|turn>user\n2 + 2?<turn|>\n<|turn>model\n')
   config.data.system_prompt = ''
-  assert prompts.format_prompt(' 2 + 2? ', config) == (
+  assert prompts.format_prompt(' 2 + 2? ', config, 'gemma4') == (
       '<|turn>system\n<|think|>\n<turn|>\n'
       '<|turn>user\n2 + 2?<turn|>\n<|turn>model\n')
   config.data.thinking = False
-  assert prompts.format_prompt('2 + 2?', config) == (
+  assert prompts.format_prompt('2 + 2?', config, 'gemma4') == (
       '<|turn>user\n2 + 2?<turn|>\n<|turn>model\n'
       '<|channel>thought\n<channel|>')
   config.data.thinking = True
@@ -332,10 +333,9 @@ def test_exported_chat_template_renders_the_training_prompts():
   prompts we train on, thinking on and off, with and without a system
   prompt (Hugging Face renders templates with trim_blocks/lstrip_blocks)."""
   import jinja2  # pylint: disable=g-import-not-at-top
-  from agent_tunix import export  # pylint: disable=g-import-not-at-top
   template = jinja2.Environment(
       trim_blocks=True, lstrip_blocks=True).from_string(
-          export.GEMMA4_CHAT_TEMPLATE)
+          families.GEMMA4.hf_layout.CHAT_TEMPLATE)
   config = _config()
   for thinking in (False, True):
     for system in ('', ' Be brief. '):
@@ -345,15 +345,15 @@ def test_exported_chat_template_renders_the_training_prompts():
           messages=messages + [{'role': 'user', 'content': 'What is 2 + 3?'}],
           add_generation_prompt=True, bos_token='<bos>',
           enable_thinking=thinking)
-      assert rendered == '<bos>' + prompts.format_prompt('What is 2 + 3?',
-                                                         config)
+      assert rendered == '<bos>' + prompts.format_prompt(
+          'What is 2 + 3?', config, 'gemma4')
 
 
 def test_presets_and_refusals():
   for size in ('e2b', 'e4b', '12b', '26b_a4b', '31b'):
     for name in (f'gemma4_{size}', f'gemma4_{size}_it'):
       assert name in gemma.PRESETS
-      assert gemma.is_gemma4(name)
+      assert families.of_preset(name) is families.GEMMA4
   config = _config('gemma4_e2b')
   cfg = gemma.model_config(config.model)
   assert cfg.final_logit_softcap == 30.0 and cfg.num_layers == 35

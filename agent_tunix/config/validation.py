@@ -17,6 +17,7 @@ from agent_tunix.agent import tools
 from agent_tunix.data import gsm8k
 from agent_tunix.data import pipeline
 from agent_tunix.judge import checks as judge_checks
+from agent_tunix.models import families
 from agent_tunix.models import gemma
 from agent_tunix.models import gguf
 from agent_tunix.rl import objectives
@@ -138,7 +139,8 @@ def _check_model(config):
       f'config.model.lora_rank={m.lora_rank} must be >= 0 (0 disables LoRA).',
   )
   _require(
-      not (gemma.is_gemma4(m.preset) and m.source == 'gguf'
+      not (families.of_preset(m.preset) is not families.PACKAGED
+           and m.source == 'gguf'
            and gguf.is_packaged_path(m.path)),
       f'config.model.preset={m.preset!r} is a Gemma 4 model, but '
       f'config.model.path={m.path!r} loads the packaged Gemma 3 270M GGUF. '
@@ -146,15 +148,15 @@ def _check_model(config):
   )
   _require(
       not m.get('lora_experts', False) or (
-          gemma.is_gemma4(m.preset)
-          and gemma.model_config(m).enable_moe and m.lora_rank > 0),
+          getattr(gemma.model_config(m), 'enable_moe', False)
+          and m.lora_rank > 0),
       f'config.model.lora_experts=True needs a mixture-of-experts preset '
       f'and config.model.lora_rank > 0; config.model.preset={m.preset!r} '
       f'(lora_rank {m.lora_rank}). Use gemma4_26b_a4b (or '
       'tiny_gemma4_moe), or set config.model.lora_experts=False.',
   )
   _require(
-      not config.data.thinking or gemma.is_gemma4(m.preset),
+      not config.data.thinking or families.of_preset(m.preset).thinking,
       f'config.data.thinking=True needs a Gemma 4 preset (its <|think|> '
       f'switch); config.model.preset={m.preset!r} has none. Set '
       'config.data.thinking=False.',
@@ -358,9 +360,9 @@ def _check_agent(config):
     raise ConfigError(f'config.{e}') from None
   if agent.tools:
     # Calls, results and turns are written in one family's tokens.
-    gemma4 = gemma.is_gemma4(config.model.preset)
-    family, want = ('Gemma 4', 'gemma4') if gemma4 else ('Gemma 3', 'gemma3')
-    writes = 'Gemma 4' if agent.format == 'gemma4' else 'Gemma 3'
+    model_family = families.of_preset(config.model.preset)
+    family, want = model_family.title, model_family.tool_format
+    writes = families.of_tool_format(agent.format).title
     _require(
         writes == family,
         f'config.agent.format={agent.format!r} writes {writes} turns, but '

@@ -261,14 +261,15 @@ def rubric_question(question, items, config):
   return f'Rubric:\n{rubrics.rubric_text(items)}\n\n{question}'
 
 
-def _prepare(examples, config, tokenizer):
-  """Formats and tokenises; returns (records, number dropped as too long)."""
+def _prepare(examples, config, tokenizer, turns):
+  """Formats (in `turns`, see `prompts.format_prompt`) and tokenises;
+  returns (records, number dropped as too long)."""
   max_length = config.generation.max_prompt_length
   records, dropped = [], 0
   for example in examples:
     prompt = prompts.format_prompt(
         rubric_question(example['question'], example.get('rubric'), config),
-        config)
+        config, turns)
     encoded = encode_prompt(prompt, tokenizer, max_length)
     if encoded is None:
       dropped += 1
@@ -318,7 +319,8 @@ def collate(records):
   return batch
 
 
-def make_train_iterator(config, tokenizer, process_index=0, process_count=1):
+def make_train_iterator(config, tokenizer, process_index=0, process_count=1,
+                        *, turns):
   """Builds this process's checkpointable iterator over train batches.
 
   Args:
@@ -326,6 +328,7 @@ def make_train_iterator(config, tokenizer, process_index=0, process_count=1):
     tokenizer: Has `encode(str) -> list[int]` (no BOS) and `bos_id()`.
     process_index: This process's index (jax.process_index()).
     process_count: Number of processes (jax.process_count()).
+    turns: the model family's turns (`prompts.format_prompt`).
 
   Returns:
     (iterator, stats). The iterator yields batch dicts (see module docstring)
@@ -352,7 +355,7 @@ def make_train_iterator(config, tokenizer, process_index=0, process_count=1):
         f'data.num_epochs must be >= 1, got {config.data.num_epochs}.'
     )
   examples = load_examples(config, 'train')
-  records, dropped = _prepare(examples, config, tokenizer)
+  records, dropped = _prepare(examples, config, tokenizer, turns)
   _log_dropped('train', dropped, len(examples), config)
   if len(records) < global_batch:
     raise gsm8k.DataError(
@@ -385,16 +388,17 @@ def make_train_iterator(config, tokenizer, process_index=0, process_count=1):
   return iter(iter_ds), stats
 
 
-def eval_examples(config, tokenizer):
+def eval_examples(config, tokenizer, *, turns):
   """The held-out split as [{'prompt', 'question', 'answer', 'type',
   'shape'}, ...] (type and shape '' except for synthetic problems; rubric
   rows add 'rubric', their items as JSON, and 'reference').
 
-  Prompts longer than generation.max_prompt_length tokens (with BOS) are
-  dropped and the count is logged.
+  Prompts (in the model family's `turns`, see `prompts.format_prompt`)
+  longer than generation.max_prompt_length tokens (with BOS) are dropped
+  and the count is logged.
   """
   examples = load_examples(config, 'eval')
-  records, dropped = _prepare(examples, config, tokenizer)
+  records, dropped = _prepare(examples, config, tokenizer, turns)
   _log_dropped('eval', dropped, len(examples), config)
   keys = ('prompt', 'question', 'answer', 'type', 'shape')
   if config.data.task == 'rubric':

@@ -17,8 +17,10 @@
     continuation tokenised the same way as in the examples.)
   * 'auto': 'chat' when model.preset ends with '_it', else 'plain'.
 
-Gemma 4 presets (`gemma4_*`, `tiny_gemma4*`) write their own turn markers
-and give the system prompt its own turn, as Gemma 4's chat template does
+The turns are those of the model's family, which the caller names
+(`turns`: the family's `tool_format`, an `agent.formats` name; this package
+does not import models/). Gemma 4's have their own markers and give the
+system prompt its own turn, as Gemma 4's chat template does
 (tests/side/gemma4_vocab_check.py renders that template and compares):
 
       <|turn>system
@@ -157,18 +159,12 @@ def resolve_template(config):
   return template
 
 
-GEMMA4_TURN = (formats.GEMMA4_START_OF_TURN, formats.GEMMA4_END_OF_TURN)
 THINK = '<|think|>'
 # What opens a Gemma 4 system turn with thinking on, and what opens its
 # model turn with thinking off (an empty thought block).
 THINK_LINE = THINK + '\n'
 NO_THOUGHTS = '<|channel>thought\n<channel|>'
 _THOUGHT = re.compile(r'<\|channel>thought.*?(?:<channel\|>|$)', re.DOTALL)
-
-
-def is_gemma4_preset(preset):
-  """Whether `model.preset` is a Gemma 4 architecture (its turn markers)."""
-  return preset.startswith(('gemma4_', 'tiny_gemma4'))
 
 
 def strip_thoughts(text):
@@ -187,27 +183,30 @@ def scored_texts(texts, config):
   return [strip_thoughts(t) for t in texts]
 
 
-def chat_prompt(question, system_prompt, gemma4=False, thinking=False):
+def chat_prompt(question, system_prompt, turns='gemma3', thinking=False):
   """Formats one user turn and opens the model turn.
 
-  Gemma 3 has no system role: the system prompt opens the user turn. Gemma
-  4 gives it a system turn, where `thinking` adds the `<|think|>` switch;
-  without it the model turn opens with an empty thought block. Gemma 4's
-  texts are stripped of surrounding whitespace, as its template does.
+  In the turns of the `agent.formats` format named `turns` (the model
+  family's). Gemma 3's have no system role: the system prompt opens the
+  user turn. Gemma 4's give it a system turn, where `thinking` adds the
+  `<|think|>` switch; without it the model turn opens with an empty thought
+  block. Gemma 4's texts are stripped of surrounding whitespace, as its
+  template does.
   """
-  if gemma4:
-    start, end = GEMMA4_TURN
-    system = system_prompt.strip()
-    turns = []
-    if system or thinking:
-      think = THINK_LINE if thinking else ''
-      turns.append(f'{start}system\n{think}{system}{end}\n')
-    turns.append(f'{start}user\n{question.strip()}{end}\n{start}model\n')
-    if not thinking:
-      turns.append(NO_THOUGHTS)
-    return ''.join(turns)
-  user = f'{system_prompt}\n\n{question}' if system_prompt else question
-  return f'<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n'
+  turn_format = formats.get(turns)
+  start, end = turn_format.turn_start, turn_format.turn_end
+  if turn_format.system_role == 'user':
+    user = f'{system_prompt}\n\n{question}' if system_prompt else question
+    return f'{start}user\n{user}{end}\n{start}model\n'
+  system = system_prompt.strip()
+  parts = []
+  if system or thinking:
+    think = THINK_LINE if thinking else ''
+    parts.append(f'{start}{turn_format.system_role}\n{think}{system}{end}\n')
+  parts.append(f'{start}user\n{question.strip()}{end}\n{start}model\n')
+  if not thinking:
+    parts.append(NO_THOUGHTS)
+  return ''.join(parts)
 
 
 def plain_prompt(question, system_prompt):
@@ -276,13 +275,15 @@ def tools_prompt(question, system_prompt, tool_format, tools, few_shot,
   return ''.join(turns)
 
 
-def format_prompt(question, config):
+def format_prompt(question, config, turns):
   """Returns the model input for `question` under the configured template.
 
   Args:
     question: The problem text.
     config: The full config; reads data.template, data.system_prompt,
       model.preset and agent.tools / agent.format.
+    turns: the `agent.formats` name of the model family's turns (its
+      `families.Family.tool_format`), for the chat template without tools.
   """
   system_prompt = config.data.system_prompt.strip()
   template = resolve_template(config)
@@ -299,7 +300,6 @@ def format_prompt(question, config):
                         few_shot, thinking=config.data.thinking,
                         no_thoughts=no_thoughts)
   if template == 'chat':
-    return chat_prompt(question, system_prompt,
-                       gemma4=is_gemma4_preset(config.model.preset),
+    return chat_prompt(question, system_prompt, turns=turns,
                        thinking=config.data.thinking)
   return plain_prompt(question, system_prompt)

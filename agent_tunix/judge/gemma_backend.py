@@ -33,6 +33,7 @@ import numpy as np
 from agent_tunix.data import pipeline
 from agent_tunix.judge import prompts
 from agent_tunix.judge import verdicts as verdicts_lib
+from agent_tunix.models import families
 from agent_tunix.models import gemma4 as gemma4_lib
 from agent_tunix.rl import grpo
 from agent_tunix.rl import logprobs
@@ -70,7 +71,7 @@ def _answer_logps(graphdefs, state, tokens, mask, ids, use_lora):
   logits = jnp.einsum('bd,vd->bv', hidden, embedding,
                       preferred_element_type=jnp.float32)
   logits = gemma4_lib.apply_softcap(
-      logits, gemma4_lib.logit_softcap(module.config))
+      logits, families.of_config(module.config).final_logit_softcap)
   return jax.nn.log_softmax(logits, axis=-1)[:, ids]
 
 

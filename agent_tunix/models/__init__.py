@@ -1,11 +1,18 @@
 """Gemma 3 and 4 policies: weights by source, tokenizer, LoRA, CPU decode graph.
 
+  families     one record per model family (Gemma 3, Gemma 4): its presets,
+               model class, loaders, layouts, tool format, turn markers,
+               softcap and remat unit; the one place that decides the family
   gemma        builds and loads the policy by family and source (gguf, hf,
                kaggle, orbax, random)
+  weights      the abstract model, weights placed shard by shard, shape checks
   gguf         Gemma 3 weights from a GGUF file; the GGUF reader
-  gemma3_hf    Gemma 3 in Hugging Face's layout: tensor names, config.json
+  gemma3       Gemma 3's presets, block remat and weight loaders
+  gemma3_hf    Gemma 3 in Hugging Face's layout: tensor names, config.json,
+               chat template
   gemma3_gguf  Gemma 3 in llama.cpp's GGUF layout, and the GGUF file writer
-  gemma4       Gemma 4's presets, model class and routing
+  gemma4       Gemma 4's presets, model class, routing, block remat and
+               weight loaders
   gemma4_hf    Gemma 4 in Hugging Face's layout
   gemma4_gguf  Gemma 4 in llama.cpp's GGUF layout
   tokenizer    SentencePiece (Gemma 3) and BPE (Gemma 4) tokenizers, also

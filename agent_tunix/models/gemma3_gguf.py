@@ -20,6 +20,8 @@ tunix store w).
   ffn_gate, ffn_up, ffn_down         layers.N.mlp.{gate,up,down}_proj
 
 The 'gemma3.*' metadata keys are those llama.cpp reads (`add_hparams`).
+`file_parts` is what an export writes of a merged model (each family's GGUF
+layout has one).
 """
 
 import re
@@ -64,6 +66,13 @@ def gguf_name(hf_name):
   if not m or m.group(2) not in _NAMES:
     raise gemma3_hf.LayoutError(f'No GGUF name for {hf_name!r}.')
   return f'blk.{m.group(1)}.{_NAMES[m.group(2)]}.weight'
+
+
+def file_parts(hf_pairs, cfg, model, context):
+  """(GGUF tensors, `write_gguf_file`'s architecture arguments) of a merged
+  Gemma 3: its Hugging Face tensors renamed; the defaults are Gemma 3's."""
+  del cfg, model, context
+  return ((gguf_name(name), w) for name, w in hf_pairs), {}
 
 
 def add_hparams(writer, cfg, context):

@@ -2,8 +2,9 @@
 
 The inverse of the safetensors mapping tunix's Gemma 3 loader reads, so an
 exported directory loads back with `config.model.source='hf'`; also the
-Hugging Face checkpoint of each preset (a PEFT adapter's base model) and the
-LoRA products of the adapted weights. Imports tunix only.
+Hugging Face checkpoint of each preset (a PEFT adapter's base model), the
+LoRA products of the adapted weights and the chat template. Imports tunix
+only.
 
 qwix adds (lora_alpha / lora_rank) * x A B to the output of every adapted
 weight W, where A spans the dims of W contracted with the input and B the
@@ -58,6 +59,25 @@ MULTIMODAL = ('gemma3_4b_pt', 'gemma3_4b_it', 'gemma3_12b_pt',
 _SHORT_CONTEXT = ('gemma3_270m', 'gemma3_270m_it', 'gemma3_1b_pt',
                   'gemma3_1b_it', 'tiny')
 RMS_NORM_EPS = 1e-6  # tunix's RMSNorm.
+# Gemma 3's chat template (Jinja, as Hugging Face and llama.cpp read it): a
+# system message is put in front of the next user turn, as
+# data/prompts.chat_prompt does.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- set pending = namespace(system='') -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}"
+    "{%- set pending.system = message['content'] + '\n\n' -%}"
+    "{%- else -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else 'user' -%}"
+    "{{ '<start_of_turn>' + role + '\n' + pending.system"
+    " + message['content'] + '<end_of_turn>\n' }}"
+    "{%- set pending.system = '' -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}"
+    "{%- endif -%}"
+)
 
 # Adapted tunix weight (path below layers.N) -> einsum of its LoRA delta
 # 'A,B->W' (see the module docstring).
@@ -119,6 +139,12 @@ def hf_tensors(name, w):
   if sub in _NORMS:
     return [(pre + _NORMS[sub] + '.weight', w)]
   raise LayoutError(f'No Hugging Face name for parameter {name!r}.')
+
+
+def is_multimodal(preset):
+  """Whether the preset's checkpoint nests its text layers in
+  model.language_model (Gemma3ForConditionalGeneration)."""
+  return preset in MULTIMODAL
 
 
 def context_length(preset):

@@ -20,9 +20,13 @@ what the rest of agent_tunix needs from them:
   exact top-k, so the sampler and the trainer could route some tokens to
   different experts and the importance ratio would carry that error.
   Routing statistics (tokens per expert) come from `router_stats`.
+* The family's weight loaders (`load_gguf`, `load_hf`, `load_orbax`) and
+  tunix's block remat switched on in place (`remat_blocks`), which
+  `families.GEMMA4` points at.
 
 Everything GRPO computes from logits applies Gemma 4's final-logit softcap
-(`logit_softcap`): tanh(logits / 30) * 30.
+(`apply_softcap` with the family's `final_logit_softcap`, `SOFTCAP`):
+tanh(logits / 30) * 30.
 
 The sliding-window layers keep a full-length KV cache
 (`use_sliding_window_kv_cache=False`): tunix's ring cache cannot be combined
@@ -31,7 +35,10 @@ completion, at most a few thousand tokens) make the saving small.
 """
 
 import dataclasses
+import os
+import re
 
+from absl import logging
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -40,7 +47,10 @@ from tunix.generate import utils as sampler_utils
 from tunix.models.gemma4 import model as model_lib
 from tunix.models.gemma4 import moe as moe_lib
 
+from agent_tunix.models import gemma4_gguf
+from agent_tunix.models import gguf as gguf_lib
 from agent_tunix.models import lora as lora_lib
+from agent_tunix.models import weights
 
 ModelConfig = model_lib.ModelConfig
 _L = model_lib.AttentionType.LOCAL_SLIDING
@@ -129,10 +139,6 @@ def tiny_moe_config(**kwargs):
 TINY_PRESETS = {'tiny_gemma4': tiny_config, 'tiny_gemma4_moe': tiny_moe_config}
 
 
-def is_gemma4_config(cfg):
-  return isinstance(cfg, ModelConfig)
-
-
 def model_config(preset, dtype):
   """The ModelConfig of a Gemma 4 preset with parameters and compute in dtype.
 
@@ -144,11 +150,6 @@ def model_config(preset, dtype):
       factory(), param_dtype=dtype, dtype=dtype,
       use_sliding_window_kv_cache=False,
   )
-
-
-def logit_softcap(cfg):
-  """The final-logit softcap of a tunix ModelConfig (None: none, Gemma 3)."""
-  return getattr(cfg, 'final_logit_softcap', None)
 
 
 def apply_softcap(logits, softcap):
@@ -489,3 +490,119 @@ def load_scalars(counts):
       'moe/idle_experts': float((counts == 0).sum()),
       'moe/dropped_tokens': 0.0,
   }
+
+
+def remat_blocks(module):
+  """Sets tunix's RematConfig.BLOCK on every Attention and FeedForward of
+  `module` (they read it from their shared config); returns how many."""
+  found = 0
+  for _, sub in nnx.iter_modules(module):
+    if isinstance(sub, (model_lib.Attention, model_lib.FeedForward)):
+      sub.config = dataclasses.replace(
+          sub.config, remat_config=model_lib.RematConfig.BLOCK
+      )
+      found += 1
+  return found
+
+
+# ------------------------------------------------------------ weight loaders
+
+
+def hf_params(hf_pairs, cfg, source_name):
+  """{tunix path: host array} of Gemma 4 tensors in Hugging Face's layout.
+
+  Names and layouts are tunix's Gemma 4 mapping (`params_safetensors`);
+  tensors it does not map (the vision and audio towers) are skipped. A
+  KV-shared layer computes no K/V: Hugging Face checkpoints written by
+  transformers (and GGUF files) leave out its K/V projection and key norm,
+  which tunix's module still has (unused); those get zeros (ones for the
+  norm).
+
+  Args:
+    hf_pairs: (Hugging Face name, array) pairs (safetensors, or a GGUF
+      file's tensors renamed by `gemma4_gguf`).
+    cfg: the tunix Gemma 4 ModelConfig.
+    source_name: the checkpoint's path (for the log).
+  """
+  # pylint: disable=g-import-not-at-top,protected-access
+  from tunix.models.gemma4 import params_safetensors as g4_safetensors
+  from tunix.utils import torch_utils
+  mapping = g4_safetensors._get_key_and_transform_mapping(cfg)
+  raw, skipped = {}, 0
+  for key, value in hf_pairs:
+    try:
+      target, transform = torch_utils.torch_key_to_jax_key(mapping, key)
+    except ValueError:
+      skipped += 1
+      continue
+    if transform is not None:
+      permute, reshape = transform
+      value = value.transpose(permute) if permute else value
+      value = value.reshape(reshape) if reshape else value
+    raw[target] = value
+  flat = {k.removesuffix('.value'): v for k, v in
+          g4_safetensors._make_preprocess_fn(cfg)(raw).items()}
+  # pylint: enable=g-import-not-at-top,protected-access
+  if skipped:
+    logging.info('%s: skipped %d tensors outside the text decoder.',
+                 source_name, skipped)
+  model = weights.abstract_model(Gemma4, cfg)
+  abstract = weights.flat_state(model)
+  sharing = model.kv_cache_sharing_patterns
+  filled = []
+  for path, var in abstract.items():
+    m = re.fullmatch(r'layers\.(\d+)\.attn\.(kv_einsum\.w|k_einsum\.w|'
+                     r'_key_norm\.scale)', path)
+    if path in flat or not m or sharing[int(m.group(1))] == int(m.group(1)):
+      continue
+    fill = np.ones if m.group(2) == '_key_norm.scale' else np.zeros
+    flat[path] = fill(var.value.shape, np.float32)
+    filled.append(path)
+  if filled:
+    logging.info('%s: %d unused parameters of KV-shared layers set to '
+                 'constants (not in the checkpoint).', source_name,
+                 len(filled))
+  return flat
+
+
+def _read_safetensors(directory):
+  """Yields (name, array) of every tensor in a directory's safetensors."""
+  import safetensors  # pylint: disable=g-import-not-at-top
+  for name in sorted(os.listdir(directory)):
+    if not name.endswith('.safetensors'):
+      continue
+    with safetensors.safe_open(os.path.join(directory, name),
+                               framework='numpy') as f:
+      for key in f.keys():
+        yield key, f.get_tensor(key)
+
+
+def load_gguf(path, cfg, cache_dir):
+  """{tunix path: array} of a Gemma 4 GGUF file (see `gemma4_gguf`)."""
+  layers = gemma4_gguf.Layers(weights.abstract_model(Gemma4, cfg))
+  return gguf_lib.load_params_cached(
+      path, cfg, cache_dir,
+      check=lambda reader, file, c: gemma4_gguf.check_architecture(
+          reader.metadata, file, c, layers),
+      load=lambda file, c, reader: hf_params(
+          gemma4_gguf.hf_tensors(gguf_lib.dequantized(reader), file, c,
+                                 layers),
+          c, file))
+
+
+def load_hf(directory, cfg, mesh):
+  """The model from a local Hugging Face directory (`hf_params`)."""
+  flat = hf_params(_read_safetensors(directory), cfg, directory)
+  return weights.place_params(Gemma4, cfg, flat, mesh, directory)
+
+
+def load_orbax(path, cfg, mesh):
+  """The model from an official Flax/Orbax checkpoint, by tunix's loader."""
+  from tunix.models.gemma4 import params as params_lib  # pylint: disable=g-import-not-at-top
+  model = params_lib.create_model_from_checkpoint(
+      path, cfg, mesh=mesh, dtype=cfg.param_dtype
+  )
+  # tunix built its own class; the same variables go into ours.
+  ours = weights.abstract_model(Gemma4, cfg)
+  nnx.update(ours, nnx.state(model))
+  return ours

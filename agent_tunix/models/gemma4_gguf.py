@@ -36,6 +36,7 @@ import, experts stored as separate ffn_gate_exps / ffn_up_exps are joined.
 
 The metadata keys are llama.cpp's for this architecture (read from its
 converter and loader; no llama.cpp binary checks the files here).
+`file_parts` is what an export writes of a merged model.
 """
 
 import re
@@ -47,6 +48,8 @@ from agent_tunix.models import gemma4_hf
 from agent_tunix.models import gguf as gguf_lib
 
 ARCH = 'gemma4'
+# tokenizer.ggml.model of Gemma 4's BPE vocabulary: the architecture's name.
+TOKENIZER_MODEL = ARCH
 _PREFIX = gemma4_hf.PREFIX
 # GGUF name -> Hugging Face name (after the model.language_model. prefix).
 _GLOBAL = {
@@ -213,6 +216,15 @@ def export_tensors(hf_pairs, cfg, layers):
     yield gguf_name(name), w
   if layers.head_dim(sliding=False) is not None:  # Any global layer.
     yield ROPE_FREQS, rope_freqs(cfg, layers)
+
+
+def file_parts(hf_pairs, cfg, model, context):
+  """(GGUF tensors, `gemma3_gguf.write_gguf_file`'s architecture arguments:
+  `ARCH` and its hyperparameters) of a merged Gemma 4 `model`."""
+  layers = Layers(model)
+  return export_tensors(hf_pairs, cfg, layers), dict(
+      arch=ARCH,
+      hparams=lambda writer: add_hparams(writer, cfg, layers, context))
 
 
 def check_architecture(metadata, path, cfg, layers):

@@ -26,14 +26,36 @@ table [V, L, P] -> embed_tokens_per_layer [V, L*P], its projection
 [D, L, P] -> per_layer_model_projection [L*P, D]. RMSNorm weights are stored
 as they are (Gemma 4 multiplies by w, not 1 + w).
 
-The config.json is written from the field names in Hugging Face's Gemma 4
-configuration (transformers >= 5.5); no transformers install here checks it.
+The chat template is Gemma 4's turns (`CHAT_TEMPLATE`). The config.json is
+written from the field names in Hugging Face's Gemma 4 configuration
+(transformers >= 5.5); no transformers install here checks it.
 """
 
 import itertools
 import re
 
 PREFIX = 'model.language_model.'
+# Gemma 4's turns (data/prompts.chat_prompt with a Gemma 4 preset): the
+# system message has its own turn, `enable_thinking` opens it with
+# <|think|> and a newline, texts are stripped, and with thinking off the
+# model turn opens with an empty thought block.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- set think = enable_thinking is defined and enable_thinking -%}"
+    "{%- set system = messages and messages[0]['role'] == 'system' -%}"
+    "{%- if think or system -%}"
+    "{{ '<|turn>system\n' + ('<|think|>\n' if think else '')"
+    " + (messages[0]['content'] | trim if system else '') + '<turn|>\n' }}"
+    "{%- endif -%}"
+    "{%- for message in (messages[1:] if system else messages) -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' "
+    "else message['role'] -%}"
+    "{{ '<|turn>' + role + '\n' + message['content'] | trim + '<turn|>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|turn>model\n' }}"
+    "{%- if not think -%}{{ '<|channel>thought\n<channel|>' }}{%- endif -%}"
+    "{%- endif -%}"
+)
 _NORMS = {
     'pre_attention_norm.scale': 'input_layernorm',
     'post_attention_norm.scale': 'post_attention_layernorm',
@@ -113,6 +135,20 @@ def hf_tensors(name, w):
   if sub in _NORMS:
     return [(pre + _NORMS[sub] + '.weight', w)]
   raise ValueError(f'No Hugging Face Gemma 4 name for {name!r}.')
+
+
+def is_multimodal(preset):
+  """Whether the preset's checkpoint nests its text layers in
+  model.language_model: every Gemma 4's does."""
+  del preset
+  return True
+
+
+def context_length(preset):
+  """max_position_embeddings of a Gemma 4 preset: 128k for E2B / E4B (and
+  the tiny ones), 256k for the others."""
+  small = preset.startswith(('gemma4_e2b', 'gemma4_e4b', 'tiny_gemma4'))
+  return 131072 if small else 262144
 
 
 def layer_types(cfg):

@@ -65,6 +65,7 @@ from agent_tunix.models import gguf as gguf_lib
 _CACHE_FORMAT = 1
 _DEFAULT_CACHE_DIR = os.path.join('~', '.cache', 'agent_tunix')
 _EXPECTED_TOKENIZER_MODEL = 'llama'  # llama.cpp's name for SentencePiece.
+_BPE_TOKENIZER_MODEL = gemma4_gguf.TOKENIZER_MODEL  # Gemma 4's BPE.
 
 # Gemma's special ids, used when a GGUF does not say.
 _DEFAULT_SPECIAL_IDS = {'pad': 0, 'eos': 1, 'bos': 2, 'unk': 3}
@@ -131,12 +132,12 @@ def read_gguf_vocab(path):
           hasher.update(buf[start:parser.offset])
 
   model = meta.get('tokenizer.ggml.model')
-  if model not in (_EXPECTED_TOKENIZER_MODEL, 'gemma4'):
+  if model not in (_EXPECTED_TOKENIZER_MODEL, _BPE_TOKENIZER_MODEL):
     raise ValueError(
         f'{path!r}: tokenizer.ggml.model is {model!r}, expected '
         f"{_EXPECTED_TOKENIZER_MODEL!r} (Gemma 3's SentencePiece vocabulary) "
-        "or 'gemma4' (Gemma 4's BPE). Point config.model.path at a Gemma "
-        'GGUF.'
+        f"or {_BPE_TOKENIZER_MODEL!r} (Gemma 4's BPE). Point "
+        'config.model.path at a Gemma GGUF.'
     )
   tokens = meta.get('tokenizer.ggml.tokens')
   if not tokens:
@@ -146,11 +147,11 @@ def read_gguf_vocab(path):
         'no vocabulary; set config.model.tokenizer_path to a tokenizer.model.'
     )
   merges = ()
-  if model == 'gemma4':
+  if model == _BPE_TOKENIZER_MODEL:
     merges = tuple(meta.get('tokenizer.ggml.merges') or ())
     if not merges:
       raise ValueError(
-          f"{path!r}: a 'gemma4' (BPE) vocabulary needs "
+          f"{path!r}: a {_BPE_TOKENIZER_MODEL!r} (BPE) vocabulary needs "
           'tokenizer.ggml.merges, and the file has none; set '
           "config.model.tokenizer_path to the model's tokenizer.json.")
     if 'tokenizer.ggml.scores' not in meta:  # BPE files may leave them out.
@@ -308,7 +309,7 @@ def load_gguf_tokenizer(gguf_path, cache_dir=''):
     ValueError: the file has no usable vocabulary.
   """
   vocab = read_gguf_vocab(gguf_path)
-  if vocab.model == 'gemma4':
+  if vocab.model == _BPE_TOKENIZER_MODEL:
     logging.info('Building the Gemma 4 BPE tokenizer of %s (%d pieces, %d '
                  'merges)', gguf_path, len(vocab.tokens), len(vocab.merges))
     return JsonTokenizer.from_gguf_vocab(vocab, gguf_path)
@@ -506,6 +507,6 @@ class JsonTokenizer:
             [t['id'] for t in added if not t.get('special')]),
         special_ids={k: v for k, v in self._ids.items() if v >= 0},
         digest='',
-        model='gemma4',
+        model=_BPE_TOKENIZER_MODEL,
         merges=merges,
     )

@@ -19,6 +19,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from agent_tunix.models import families
 from agent_tunix.models import gemma4 as gemma4_lib
 from agent_tunix.models import lora
 
@@ -168,13 +169,13 @@ def can_share_prompts(model: nnx.Module, length: int,
   Returns:
     True when the shared-prompt forward may be used.
   """
-  if gemma4_lib.is_gemma4_config(getattr(model, 'config', None)):
+  cfg = getattr(model, 'config', None)
+  if cfg is None or not families.of_config(cfg).prefill_reads_cache:
     # Gemma 4's attention reads only the current chunk's K/V in a
-    # multi-token call (its cache is written, not read, and KV-shared
-    # layers take the donor's K/V from the same call), so the second,
-    # cached forward would not see the prompt. Full forward instead.
+    # multi-token call, so the second, cached forward would not see the
+    # prompt. Full forward instead.
     return False
-  window = getattr(getattr(model, 'config', None), 'sliding_window_size', 0)
+  window = getattr(cfg, 'sliding_window_size', 0)
   return (bool(window) and length <= window and completion_len >= 2
           and length - completion_len >= 2)
 
@@ -307,5 +308,5 @@ def per_token_logps(
   return chunked_token_logps(
       hidden, embedding, targets, chunk_size, compute_entropy=compute_entropy,
       temperature=temperature,
-      softcap=gemma4_lib.logit_softcap(model.config),
+      softcap=families.of_config(model.config).final_logit_softcap,
   )

@@ -6,18 +6,16 @@ dependency that keeps XLA from scheduling the recomputation early
 (`remat_after_cotangent`).
 """
 
-import dataclasses
+import functools
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
-from tunix.models.gemma3 import model as gemma3_lib
-from tunix.models.gemma4 import model as gemma4_lib
 
-from agent_tunix.models import gemma4 as gemma4_policy
+from agent_tunix.models import families
 
 # 'block' is tunix's RematConfig.BLOCK; 'layer' is ours
-# (`_LayerRematDecoderLayer`), not tunix's DECODER, whose jax.checkpoint
+# (`_layer_remat`), not tunix's DECODER, whose jax.checkpoint
 # recomputation XLA CPU schedules early (no memory saved).
 REMAT_MODES = ('none', 'block', 'layer')
 
@@ -80,102 +78,66 @@ def remat_after_cotangent(fn, diff_args, const_args):
   return call(diff_args, const_args, hoisted)
 
 
-class _LayerRematDecoderLayer(gemma3_lib.DecoderLayer):
-  """A tunix DecoderLayer recomputed whole in the backward pass.
+@functools.cache
+def _layer_remat(layer_class):
+  """`layer_class` recomputed whole in the backward pass.
 
-  Only its input (and KV cache, when given) is kept for the backward pass;
-  see `remat_after_cotangent`. Installed by `apply_remat(..., 'layer')` on
-  the model copy the update differentiates.
+  Only the layer's inputs (its activations, KV cache and any further
+  inputs: Gemma 4's per-layer input and a KV-shared layer's donor K/V) are
+  kept for the backward pass; see `remat_after_cotangent`. They are all
+  differentiable inputs of the recomputation, so gradients reach a donor
+  layer and the per-layer embeddings; the layer's outputs (its K/V, which
+  later layers may read, included) are outputs of it. Installed by
+  `apply_remat(..., 'layer')` on the model copy the update differentiates.
   """
 
-  def __call__(self, x, segment_pos, cache, attn_mask):
-    graphdef, lora, rest = nnx.split(self, nnx.LoRAParam, ...)
+  class LayerRemat(layer_class):
 
-    def block(diff, frozen):
-      lora_state, inputs, layer_cache = diff
-      layer = nnx.merge(graphdef, lora_state, frozen, copy=True)
-      return gemma3_lib.DecoderLayer.block(
-          layer, inputs, segment_pos, layer_cache, attn_mask
-      )
+    def __call__(self, x, segment_pos, cache, attn_mask, **inputs):
+      graphdef, lora, rest = nnx.split(self, nnx.LoRAParam, ...)
 
-    return remat_after_cotangent(block, (lora, x, cache), rest)
+      def block(diff, frozen):
+        lora_state, layer_x, layer_cache, layer_inputs = diff
+        layer = nnx.merge(graphdef, lora_state, frozen, copy=True)
+        return layer_class.block(layer, layer_x, segment_pos, layer_cache,
+                                 attn_mask, **layer_inputs)
 
+      return remat_after_cotangent(block, (lora, x, cache, inputs), rest)
 
-class _LayerRematGemma4DecoderLayer(gemma4_lib.DecoderLayer):
-  """A tunix Gemma 4 DecoderLayer recomputed whole in the backward pass.
-
-  Like `_LayerRematDecoderLayer`. A KV-shared layer's donor K/V
-  (`kv_shared_cache`) and its per-layer input are differentiable inputs of
-  the recomputation, so their gradients reach the donor layer and the
-  per-layer embeddings; the layer's own K/V output (which later layers may
-  read) is an output of it.
-  """
-
-  def __call__(self, x, segment_pos, cache, attn_mask, per_layer_input=None,
-               kv_shared_cache=None):
-    graphdef, lora, rest = nnx.split(self, nnx.LoRAParam, ...)
-
-    def block(diff, frozen):
-      lora_state, inputs, layer_cache, per_layer, shared = diff
-      layer = nnx.merge(graphdef, lora_state, frozen, copy=True)
-      return gemma4_policy.decoder_block(
-          layer, inputs, segment_pos, layer_cache, attn_mask, per_layer,
-          shared,
-      )
-
-    return remat_after_cotangent(
-        block, (lora, x, cache, per_layer_input, kv_shared_cache), rest
-    )
-
-
-def _gemma4_targets(mode):
-  if mode == 'layer':
-    return (gemma4_lib.DecoderLayer,)
-  return (gemma4_lib.Attention, gemma4_lib.FeedForward)
+  LayerRemat.__name__ = LayerRemat.__qualname__ = (
+      f'LayerRemat{layer_class.__name__}')
+  return LayerRemat
 
 
 def apply_remat(module: nnx.Module, mode: str) -> None:
   """Sets a remat mode on a model merged inside the update's trace.
 
-  'block' is tunix's own (Attention.remat_config and the ModelConfig of
-  each FeedForward); 'layer' makes every DecoderLayer a
-  `_LayerRematDecoderLayer`. The change is made only on the copy the update
-  differentiates; the sampler and the log-prob passes keep the model as
-  loaded (tunix's sampler cannot run a remat model).
+  'block' is tunix's own (the family's `remat_blocks`); 'layer' recomputes
+  each of the family's decoder layers whole (`_layer_remat`). The change is
+  made only on the copy the update differentiates; the sampler and the
+  log-prob passes keep the model as loaded (tunix's sampler cannot run a
+  remat model).
 
   Args:
-    module: a tunix Gemma3 merged with `copy=True` inside the current trace.
+    module: a tunix Gemma 3 or Gemma 4 merged with `copy=True` inside the
+      current trace.
     mode: one of REMAT_MODES.
   """
   if mode == 'none':
     return
-  targets = ((gemma3_lib.DecoderLayer,) if mode == 'layer' else
-             (gemma3_lib.Attention, gemma3_lib.FeedForward))
-  targets += _gemma4_targets(mode)
-  found = 0
-  for _, sub in nnx.iter_modules(module):
-    if not isinstance(sub, targets):
-      continue
-    if mode == 'layer':
-      sub.__class__ = (_LayerRematGemma4DecoderLayer
-                       if isinstance(sub, gemma4_lib.DecoderLayer)
-                       else _LayerRematDecoderLayer)
-    elif isinstance(sub, (gemma4_lib.Attention, gemma4_lib.FeedForward)):
-      # Gemma 4's modules read remat_config from their (shared) config.
-      sub.config = dataclasses.replace(
-          sub.config, remat_config=gemma4_lib.RematConfig.BLOCK
-      )
-    elif isinstance(sub, gemma3_lib.Attention):
-      sub.remat_config = gemma3_lib.RematConfig.BLOCK
-    else:
-      # A fresh config: the FeedForwards share the model's ModelConfig.
-      sub.config = dataclasses.replace(
-          sub.config, remat_config=gemma3_lib.RematConfig.BLOCK
-      )
-    found += 1
+  family = families.of_config(getattr(module, 'config', None))
+  if mode == 'layer':
+    found = 0
+    for _, sub in nnx.iter_modules(module):
+      if isinstance(sub, family.decoder_layer):
+        sub.__class__ = _layer_remat(family.decoder_layer)
+        found += 1
+    unit = family.decoder_layer.__name__
+  else:
+    found = family.remat_blocks(module)
+    unit = 'Attention/FeedForward'
   if not found:
-    names = '/'.join(t.__name__ for t in targets)
     raise ValueError(
-        f'remat={mode!r} needs tunix Gemma {names} modules; '
+        f'remat={mode!r} needs tunix {family.title} {unit} modules; '
         f'{type(module).__name__} has none. Use remat=\'none\'.'
     )

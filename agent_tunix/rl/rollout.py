@@ -53,6 +53,7 @@ from tunix.generate import utils as sampler_utils
 from agent_tunix.data import pipeline
 from agent_tunix.data import prompts as prompts_lib
 from agent_tunix.models import decode
+from agent_tunix.models import families
 from agent_tunix.models import gemma4 as gemma4_lib
 from agent_tunix.tpu import sharding
 
@@ -502,7 +503,7 @@ class Rollout:
     hidden = sown['all_hidden_states'].get_value()[-1][:, -1:]
     logits = gemma4_lib.apply_softcap(
         transformer.embedder.decode(hidden),
-        gemma4_lib.logit_softcap(transformer.config))
+        families.of_config(transformer.config).final_logit_softcap)
     repeat = functools.partial(
         jnp.repeat, repeats=num_generations, axis=0
     )

@@ -172,7 +172,7 @@ for thinking in (False, True):
                 ) + [{'role': 'user', 'content': question}]
     cases.append((f'chat, thinking={thinking}, system={bool(system)}',
                   messages, None, thinking,
-                  prompts.chat_prompt(question, system, gemma4=True,
+                  prompts.chat_prompt(question, system, turns='gemma4',
                                       thinking=thinking), True))
   for name, tools in (('calculator', calculator),
                       ('calculator+multiply+today', both)):
