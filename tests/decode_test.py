@@ -320,12 +320,12 @@ def test_sampler_logps_are_the_trainers(lora_model, cpu_graph, temperature,
                          top_k=top_k, num_generations=g)
   assert out.logps.shape == out.tokens.shape and out.logps.dtype == np.float32
   rows = np.repeat(prompts, g, axis=0)
-  batch = {
-      'tokens': np.concatenate([rows, out.tokens], axis=1),
-      'input_mask': np.concatenate([rows != 0, out.mask > 0], axis=1),
-      'completion_mask': out.mask,
-  }
   from agent_tunix.rl import grpo  # pylint: disable=g-import-not-at-top
+  batch = grpo.Sequences(
+      tokens=np.concatenate([rows, out.tokens], axis=1),
+      input_mask=np.concatenate([rows != 0, out.mask > 0], axis=1),
+      completion_mask=out.mask,
+  )
   hp = grpo.StepHParams(chunk_size=8, temperature=temperature or 1.0)
   want = np.asarray(grpo.policy_logps(model, batch, hp))
   kept = out.mask > 0

@@ -8,6 +8,7 @@ import os
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
+import jax  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 import pytest
 
@@ -156,33 +157,33 @@ def test_assemble_on_one_process(scale_rewards):
       scale_rewards)
   np.testing.assert_array_equal(selection.picks,
                                 [[0, 0], [0, 2], [1, 1], [0, 1]])
-  assert update['tokens'].shape == (8, 7)
+  assert update.tokens.shape == (8, 7)
   for place, (r, j) in enumerate(selection.picks):
     rows = slice(place * G, (place + 1) * G)
     np.testing.assert_array_equal(
-        update['tokens'][rows, :3],
+        update.tokens[rows, :3],
         np.repeat(rounds[r].prompt_tokens[j][None], G, 0))
     np.testing.assert_array_equal(
-        update['tokens'][rows, 3:],
+        update.tokens[rows, 3:],
         rounds[r].completions.tokens[j * G:(j + 1) * G])
     np.testing.assert_array_equal(
-        update['sampler_logps'][rows],
+        update.sampler_logps[rows],
         rounds[r].completions.logps[j * G:(j + 1) * G])
   kept_rewards = np.concatenate(
       [_ROUNDS[0][0], _ROUNDS[0][2], _ROUNDS[2][1]])
   np.testing.assert_array_equal(
-      update['advantages'][:6],
+      update.advantages[:6],
       np.asarray(objectives.group_advantages(kept_rewards, G,
                                              scale_rewards)))
   # The filling group (round 0, group 1) is out of the loss.
-  np.testing.assert_array_equal(update['advantages'][6:], 0.0)
-  np.testing.assert_array_equal(update['completion_mask'][6:], 0.0)
-  np.testing.assert_array_equal(update['completion_mask'][:6, :3], 1.0)
-  np.testing.assert_array_equal(update['completion_mask'][:, 3], 0.0)
+  np.testing.assert_array_equal(update.advantages[6:], 0.0)
+  np.testing.assert_array_equal(update.completion_mask[6:], 0.0)
+  np.testing.assert_array_equal(update.completion_mask[:6, :3], 1.0)
+  np.testing.assert_array_equal(update.completion_mask[:, 3], 0.0)
   # The filling group's tokens still feed the forward pass.
-  assert update['input_mask'].dtype == bool
-  np.testing.assert_array_equal(update['input_mask'][6:, :6], True)
-  np.testing.assert_array_equal(update['input_mask'][:, 6], False)
+  assert update.input_mask.dtype == bool
+  np.testing.assert_array_equal(update.input_mask[6:, :6], True)
+  np.testing.assert_array_equal(update.input_mask[:, 6], False)
 
 
 def test_processes_split_the_one_process_batch():
@@ -196,8 +197,8 @@ def test_processes_split_the_one_process_batch():
     np.testing.assert_array_equal(places, [p, p + 2])
     part = dynamic_sampling.assemble(rounds, selection, places, G, 'group')
     rows = np.concatenate([np.arange(k * G, (k + 1) * G) for k in places])
-    for key, value in part.items():
-      np.testing.assert_array_equal(value, one[key][rows], err_msg=key)
+    jax.tree.map(lambda got, want: np.testing.assert_array_equal(
+        got, want[rows]), part, one)
 
 
 def test_step_seed_round_zero_is_the_plain_step_seed():

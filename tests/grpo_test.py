@@ -105,18 +105,18 @@ def _batch(num_rows=4, prompt_len=3, completion_len=5, seed=0):
   )
   rng = np.random.default_rng(seed + 1)
   shape = (num_rows, completion_len)
-  return {
-      'tokens': jnp.asarray(tokens),
-      'input_mask': jnp.asarray(input_mask),
-      'completion_mask': jnp.asarray(completion_mask),
-      'advantages': jnp.asarray(rng.normal(size=num_rows), jnp.float32),
-      'old_logps': jnp.asarray(
+  return grpo.UpdateBatch(
+      tokens=jnp.asarray(tokens),
+      input_mask=jnp.asarray(input_mask),
+      completion_mask=jnp.asarray(completion_mask),
+      advantages=jnp.asarray(rng.normal(size=num_rows), jnp.float32),
+      old_logps=jnp.asarray(
           -3.0 + 0.3 * rng.normal(size=shape), jnp.float32
       ),
-      'ref_logps': jnp.asarray(
+      ref_logps=jnp.asarray(
           -3.0 + 0.3 * rng.normal(size=shape), jnp.float32
       ),
-  }
+  )
 
 
 # --------------------------------------------------------------- log-probs
@@ -286,22 +286,28 @@ def test_optional_inputs_follow_the_config():
     return ml_collections.ConfigDict(
         {'grpo': {'maxent_tau': maxent_tau, 'kl_target': kl_target}})
 
-  def update():
-    # Dynamic sampling's batches carry the rewards whatever the config.
-    return {'advantages': np.zeros(4, np.float32),
-            'rewards': np.ones(4, np.float32)}
+  sequences = grpo.Sequences(np.zeros((4, 3), np.int32),
+                             np.ones((4, 3), bool), np.ones((4, 2)))
 
+  def present(batch):
+    return {f.name for f in dataclasses.fields(batch)
+            if getattr(batch, f.name) is not None}
+
+  def update(cfg, rewards, kl_coeff):
+    return grpo.update_batch(cfg, sequences, np.zeros(4), rewards, kl_coeff)
+
+  required = {'tokens', 'input_mask', 'completion_mask', 'advantages'}
   assert grpo.optional_inputs(config(0.0, 0.0)) == ()
-  assert set(grpo.set_optional_inputs(update(), config(0.0, 0.0), [1] * 4,
-                                      0.1)) == {'advantages'}
+  assert present(update(config(0.0, 0.0), [1] * 4, 0.1)) == required
   both = config(0.5, 0.01)
   assert grpo.optional_inputs(both) == ('rewards', 'kl_coeff')
-  batch = grpo.set_optional_inputs(update(), both, [1, 2, 3, 4], 0.25)
-  np.testing.assert_array_equal(batch['rewards'], [1, 2, 3, 4])
-  np.testing.assert_array_equal(batch['kl_coeff'], [0.25] * 4)
-  assert batch['rewards'].dtype == batch['kl_coeff'].dtype == np.float32
-  assert set(grpo.set_optional_inputs(update(), config(0.0, 0.01), None,
-                                      0.2)) == {'advantages', 'kl_coeff'}
+  batch = update(both, [1, 2, 3, 4], 0.25)
+  np.testing.assert_array_equal(batch.rewards, [1, 2, 3, 4])
+  np.testing.assert_array_equal(batch.kl_coeff, [0.25] * 4)
+  assert (batch.advantages.dtype == batch.rewards.dtype ==
+          batch.kl_coeff.dtype == np.float32)
+  assert present(update(config(0.0, 0.01), None, 0.2)) == required | {
+      'kl_coeff'}
 
 
 # ---------------------------------------------------------------- the model
@@ -310,7 +316,7 @@ def test_optional_inputs_follow_the_config():
 def test_per_token_logps_matches_model_logits(abstract_lora_model):
   model = _lora_model(abstract_lora_model)
   batch = _batch()
-  completion_len = batch['completion_mask'].shape[1]
+  completion_len = batch.completion_mask.shape[1]
 
   @nnx.jit
   def both(model, tokens, input_mask):
@@ -326,12 +332,12 @@ def test_per_token_logps_matches_model_logits(abstract_lora_model):
     return logps, entropy, logits
 
   logps, entropy, logits = both(
-      model, batch['tokens'], batch['input_mask']
+      model, batch.tokens, batch.input_mask
   )
   logits = np.asarray(logits, np.float64)[:, -completion_len - 1 : -1]
   logits -= logits.max(-1, keepdims=True)
   logp_all = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-  targets = np.asarray(batch['tokens'])[:, -completion_len:]
+  targets = np.asarray(batch.tokens)[:, -completion_len:]
   want = np.take_along_axis(logp_all, targets[..., None], -1)[..., 0]
   np.testing.assert_allclose(logps, want, rtol=1e-4, atol=1e-4)
   want_entropy = -(np.exp(logp_all) * logp_all).sum(-1)
@@ -346,7 +352,7 @@ def test_logps_passes_use_the_sampling_temperature(abstract_lora_model,
   """Policy and reference log-probs: the model's logits / temperature."""
   model = _lora_model(abstract_lora_model)
   batch = _batch()
-  completion_len = batch['completion_mask'].shape[1]
+  completion_len = batch.completion_mask.shape[1]
   temperature = 0.7
   hp = grpo.StepHParams(chunk_size=4, micro_batch_size=2,
                         temperature=temperature)
@@ -358,9 +364,9 @@ def test_logps_passes_use_the_sampling_temperature(abstract_lora_model,
   logits, _ = nnx.jit(lambda m, t, mask: model_cls.__call__(
       m, t, logprobs.positions_from_mask(mask), None,
       logprobs.causal_attention_mask(mask)))(
-          model, batch['tokens'], batch['input_mask'])
+          model, batch.tokens, batch.input_mask)
   logits = np.asarray(logits, np.float64)[:, -completion_len - 1 : -1]
-  targets = np.asarray(batch['tokens'])[:, -completion_len:]
+  targets = np.asarray(batch.tokens)[:, -completion_len:]
 
   def numpy_logps(t):
     scaled = logits / t
@@ -377,8 +383,8 @@ def test_update_entropy_is_the_tempered_distributions(full_batch_reference):
   """The update's entropy metric (and log-probs) follow hp.temperature."""
   model, batch, _ = full_batch_reference
   base = dict(micro_batch_size=2, **_LOSS_HP)
-  completion_len = batch['completion_mask'].shape[1]
-  mask = np.asarray(batch['completion_mask'])
+  completion_len = batch.completion_mask.shape[1]
+  mask = np.asarray(batch.completion_mask)
   for temperature in (0.5, 2.0):
     hp = grpo.StepHParams(temperature=temperature, **base)
     _, metrics = grpo.compute_grads(model, batch, hp)
@@ -386,7 +392,7 @@ def test_update_entropy_is_the_tempered_distributions(full_batch_reference):
     @nnx.jit
     def entropy(model, t=temperature):
       return logprobs.per_token_logps(
-          model, batch['tokens'], batch['input_mask'], completion_len, 3,
+          model, batch.tokens, batch.input_mask, completion_len, 3,
           compute_entropy=True, temperature=t)[1]
 
     want = (np.asarray(entropy(model)) * mask).sum() / mask.sum()
@@ -404,20 +410,20 @@ def test_sampler_gap_metric(full_batch_reference):
   the trainer being the old log-probs, or the pass's own without them."""
   model, batch, _ = full_batch_reference
   hp = grpo.StepHParams(micro_batch_size=2, **_LOSS_HP)
-  mask = np.asarray(batch['completion_mask'])
+  mask = np.asarray(batch.completion_mask)
   rng = np.random.default_rng(5)
-  sampler = np.asarray(batch['old_logps']) + rng.normal(
+  sampler = np.asarray(batch.old_logps) + rng.normal(
       0, 0.1, mask.shape).astype(np.float32)
   sampler = np.where(mask > 0, sampler, 0.0).astype(np.float32)
-  with_old = dict(batch, sampler_logps=jnp.asarray(sampler))
+  with_old = batch.replace(sampler_logps=jnp.asarray(sampler))
   metrics = grpo.compute_grads(model, with_old, hp)[1]
-  want = (np.abs(np.asarray(batch['old_logps']) - sampler) * mask).sum()
+  want = (np.abs(np.asarray(batch.old_logps) - sampler) * mask).sum()
   np.testing.assert_allclose(metrics[grpo.SAMPLER_GAP], want / mask.sum(),
                              rtol=1e-5)
   # Without old log-probs (num_iterations = 1): the current policy's.
   current = np.asarray(grpo.policy_logps(model, batch, hp))
-  no_old = {k: v for k, v in with_old.items() if k != 'old_logps'}
-  no_old['sampler_logps'] = jnp.asarray(current + 0.25 * mask)
+  no_old = with_old.replace(old_logps=None,
+                            sampler_logps=jnp.asarray(current + 0.25 * mask))
   metrics = grpo.compute_grads(model, no_old, hp)[1]
   np.testing.assert_allclose(metrics[grpo.SAMPLER_GAP], 0.25, rtol=1e-3)
   # Without sampler log-probs there is nothing to compare.
@@ -429,8 +435,8 @@ def test_tis_weights_only_the_policy_gradient_term(full_batch_reference):
   w = min(exp(old - sampler), cap) from NumPy; grads and loss match."""
   model, batch, reference = full_batch_reference
   (plain_loss, _), _ = reference['token-mean']
-  mask = np.asarray(batch['completion_mask'])
-  old = np.asarray(batch['old_logps'])
+  mask = np.asarray(batch.completion_mask)
+  old = np.asarray(batch.old_logps)
   rng = np.random.default_rng(4)
   sampler = (old + rng.normal(0, 0.5, old.shape)).astype(np.float32)
   cap = 1.3
@@ -442,19 +448,19 @@ def test_tis_weights_only_the_policy_gradient_term(full_batch_reference):
   @jax.jit
   def reference_loss(lora):
     logps, _ = logprobs.per_token_logps(
-        nnx.merge(graphdef, lora, rest), batch['tokens'], batch['input_mask'],
+        nnx.merge(graphdef, lora, rest), batch.tokens, batch.input_mask,
         completion_len, chunk_size=completion_len,
     )
     surrogate, _ = objectives.clipped_surrogate(
-        logps, batch['old_logps'], batch['advantages'], 0.2, 0.3
+        logps, batch.old_logps, batch.advantages, 0.2, 0.3
     )
-    kl = objectives.kl_divergence(logps, batch['ref_logps'], 'k3')
+    kl = objectives.kl_divergence(logps, batch.ref_logps, 'k3')
     per_token = jnp.asarray(weights, jnp.float32) * surrogate + 0.1 * kl
     return (per_token * mask).sum() / mask.sum()
 
   want_loss, want_grads = jax.value_and_grad(reference_loss)(lora)
   hp = grpo.StepHParams(micro_batch_size=2, tis_cap=cap, **_LOSS_HP)
-  tis_batch = dict(batch, sampler_logps=jnp.asarray(sampler))
+  tis_batch = batch.replace(sampler_logps=jnp.asarray(sampler))
   grads, metrics = grpo.compute_grads(model, tis_batch, hp)
   np.testing.assert_allclose(metrics['loss'], want_loss, rtol=1e-4)
   assert abs(float(metrics['loss']) - float(plain_loss)) > 1e-3
@@ -479,7 +485,7 @@ def test_reference_is_base_model_without_lora(abstract_lora_model):
   model = _lora_model(abstract_lora_model)
   ref = grpo.reference_logps(model, batch, hp)
   pol = grpo.policy_logps(model, batch, hp)
-  assert ref.shape == pol.shape == batch['completion_mask'].shape
+  assert ref.shape == pol.shape == batch.completion_mask.shape
   assert np.abs(np.asarray(ref) - np.asarray(pol)).max() > 1e-2
   # The reference only depends on the frozen weights: it is the same for
   # two LoRA models that share them (zero B vs. random B).
@@ -504,18 +510,18 @@ def full_batch_reference(abstract_lora_model):
   model = _lora_model(abstract_lora_model)
   batch = _batch(num_rows=4)
   graphdef, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
-  mask = batch['completion_mask']
+  mask = batch.completion_mask
   completion_len = mask.shape[1]
 
   def loss_fn(lora, mode):
     logps, _ = logprobs.per_token_logps(
-        nnx.merge(graphdef, lora, rest), batch['tokens'], batch['input_mask'],
+        nnx.merge(graphdef, lora, rest), batch.tokens, batch.input_mask,
         completion_len, chunk_size=completion_len,
     )
     surrogate, _ = objectives.clipped_surrogate(
-        logps, batch['old_logps'], batch['advantages'], 0.2, 0.3
+        logps, batch.old_logps, batch.advantages, 0.2, 0.3
     )
-    kl = objectives.kl_divergence(logps, batch['ref_logps'], 'k3')
+    kl = objectives.kl_divergence(logps, batch.ref_logps, 'k3')
     loss = objectives.aggregate_loss(surrogate + 0.1 * kl, mask, mode)
     return loss, (kl * mask).sum() / mask.sum()
 
@@ -663,13 +669,13 @@ def test_train_step_changes_only_lora_and_reduces_loss(abstract_lora_model):
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.LoRAParam)
   batch = _batch(num_rows=4)
   advantages = np.array([1.0, -1.0, 1.0, -1.0], np.float32)
-  batch['advantages'] = jnp.asarray(advantages)
+  batch = batch.replace(advantages=jnp.asarray(advantages))
   # Several updates on one batch of rollouts (num_iterations > 1): the old
   # log-probs are those of the policy before the first update. Same hp as in
   # test_reference_is_base_model_without_lora, so it reuses that compile.
-  batch['old_logps'] = grpo.policy_logps(
+  batch = batch.replace(old_logps=grpo.policy_logps(
       model, batch, grpo.StepHParams(chunk_size=4, micro_batch_size=2)
-  )
+  ))
   hp = grpo.StepHParams(beta=0.0, chunk_size=4, micro_batch_size=2)
 
   frozen_before = jax.tree.map(
@@ -697,7 +703,7 @@ def test_train_step_changes_only_lora_and_reduces_loss(abstract_lora_model):
   assert all(changed)
   assert int(optimizer.step[...]) == 4
   # First step: ratio 1, so the loss is the token-mean of -advantage.
-  mask = np.asarray(batch['completion_mask'])
+  mask = np.asarray(batch.completion_mask)
   on_policy = -(advantages[:, None] * mask).sum() / mask.sum()
   np.testing.assert_allclose(losses[0], on_policy, rtol=1e-5)
   assert losses[-1] < losses[0] - 1e-2, losses
@@ -708,7 +714,7 @@ def test_train_step_rejects_bad_batch(abstract_lora_model):
   batch = _batch(num_rows=4)
   with pytest.raises(ValueError, match='micro_batch_size=3'):
     grpo.compute_grads(model, batch, grpo.StepHParams(micro_batch_size=3))
-  del batch['ref_logps']
+  batch = batch.replace(ref_logps=None)
   with pytest.raises(ValueError, match='ref_logps'):
     grpo.compute_grads(model, batch, grpo.StepHParams(beta=0.1))
 
@@ -742,18 +748,18 @@ def _grouped_batch(num_prompts=4, prompt_len=5, completion_len=4, seed=0):
     completion[row, kept:] = 0
     completion_mask[row, kept:] = False
   shape = (rows, completion_len)
-  return {
-      'tokens': jnp.asarray(np.concatenate(
+  return grpo.UpdateBatch(
+      tokens=jnp.asarray(np.concatenate(
           [np.repeat(prompt, _G, axis=0), completion], axis=1), jnp.int32),
-      'input_mask': jnp.asarray(np.concatenate(
+      input_mask=jnp.asarray(np.concatenate(
           [np.repeat(prompt_mask, _G, axis=0), completion_mask], axis=1)),
-      'completion_mask': jnp.asarray(completion_mask, jnp.float32),
-      'advantages': jnp.asarray(rng.normal(size=rows), jnp.float32),
-      'old_logps': jnp.asarray(-3.0 + 0.3 * rng.normal(size=shape),
-                               jnp.float32),
-      'ref_logps': jnp.asarray(-3.0 + 0.3 * rng.normal(size=shape),
-                               jnp.float32),
-  }
+      completion_mask=jnp.asarray(completion_mask, jnp.float32),
+      advantages=jnp.asarray(rng.normal(size=rows), jnp.float32),
+      old_logps=jnp.asarray(-3.0 + 0.3 * rng.normal(size=shape),
+                            jnp.float32),
+      ref_logps=jnp.asarray(-3.0 + 0.3 * rng.normal(size=shape),
+                            jnp.float32),
+  )
 
 
 def test_micro_batches_keep_groups_together():
@@ -774,9 +780,9 @@ def test_micro_batches_keep_groups_together():
 def test_shared_prompt_logps_equal_full_forward(wide_window_model, use_lora):
   model = wide_window_model
   batch = _grouped_batch()
-  length, c = batch['tokens'].shape[1], batch['completion_mask'].shape[1]
+  length, c = batch.tokens.shape[1], batch.completion_mask.shape[1]
   assert logprobs.can_share_prompts(model, length, c)
-  args = (model, batch['tokens'], batch['input_mask'], c, 3)
+  args = (model, batch.tokens, batch.input_mask, c, 3)
   want = logprobs.per_token_logps(*args, use_lora=use_lora, compute_entropy=True)
   got = logprobs.per_token_logps(*args, use_lora=use_lora, compute_entropy=True,
                              group=_G)
@@ -789,8 +795,8 @@ def test_shared_prompt_logps_equal_full_forward(wide_window_model, use_lora):
   def jaxpr(group):
     def logps(state):
       module = nnx.merge(graphdef, state, copy=True)
-      return logprobs.per_token_logps(module, batch['tokens'],
-                                  batch['input_mask'], c, 3, group=group)[0]
+      return logprobs.per_token_logps(module, batch.tokens,
+                                  batch.input_mask, c, 3, group=group)[0]
     return str(jax.make_jaxpr(logps)(state))
 
   # Writes into the KV cache happen only on the shared path.
@@ -808,7 +814,7 @@ def test_shared_prompts_need_the_sequence_inside_the_window(
   assert not logprobs.can_share_prompts(narrow, 9, 4)
   # Too long for the window: group > 1 falls back to the full forward.
   batch = _grouped_batch(prompt_len=6, completion_len=4)  # L = 10 > 8
-  args = (narrow, batch['tokens'], batch['input_mask'], 4, 4)
+  args = (narrow, batch.tokens, batch.input_mask, 4, 4)
   np.testing.assert_array_equal(logprobs.per_token_logps(*args, group=_G)[0],
                                 logprobs.per_token_logps(*args)[0])
 
@@ -862,16 +868,16 @@ def test_completion_bucket():
 def _short_completions_batch(longest=3, completion_len=8):
   """A batch whose completions use only the first `longest` of its columns;
   the other columns hold junk tokens, masked out as the rollout masks them."""
-  batch = {k: np.array(v) for k, v in _batch(
-      num_rows=4, prompt_len=3, completion_len=completion_len).items()}
+  batch = jax.tree.map(np.array, _batch(
+      num_rows=4, prompt_len=3, completion_len=completion_len))
   prompt_len = 3
-  batch['completion_mask'][:, longest:] = 0.0
-  batch['completion_mask'][1, 1:] = 0.0  # Rows of different lengths.
-  batch['input_mask'][:, prompt_len:] = batch['completion_mask'] > 0
+  batch.completion_mask[:, longest:] = 0.0
+  batch.completion_mask[1, 1:] = 0.0  # Rows of different lengths.
+  batch.input_mask[:, prompt_len:] = batch.completion_mask > 0
   rng = np.random.default_rng(9)
-  batch['sampler_logps'] = (batch['old_logps'] + rng.normal(
-      0, 0.3, batch['old_logps'].shape)).astype(np.float32)
-  return {k: jnp.asarray(v) for k, v in batch.items()}
+  batch = batch.replace(sampler_logps=(batch.old_logps + rng.normal(
+      0, 0.3, batch.old_logps.shape)).astype(np.float32))
+  return jax.tree.map(jnp.asarray, batch)
 
 
 @pytest.mark.parametrize('mode', ['token-mean',
@@ -881,10 +887,10 @@ def test_trimmed_batch_gives_the_full_batchs_update(abstract_lora_model,
   model = _lora_model(abstract_lora_model)
   batch = _short_completions_batch(longest=3, completion_len=8)
   trimmed = grpo.trim_completions(batch, 4)
-  assert trimmed['tokens'].shape == (4, 7)
-  assert trimmed['completion_mask'].shape == (4, 4)
-  assert trimmed['sampler_logps'].shape == (4, 4)
-  np.testing.assert_array_equal(trimmed['advantages'], batch['advantages'])
+  assert trimmed.tokens.shape == (4, 7)
+  assert trimmed.completion_mask.shape == (4, 4)
+  assert trimmed.sampler_logps.shape == (4, 4)
+  np.testing.assert_array_equal(trimmed.advantages, batch.advantages)
   hp = grpo.StepHParams(loss_agg_mode=mode, micro_batch_size=2, tis_cap=2.0,
                         completion_norm=8, **_LOSS_HP)
   want_grads, want = grpo.compute_grads(model, batch, hp)
@@ -912,14 +918,14 @@ def test_only_bucket_shapes_compile(abstract_lora_model):
   shapes = set()
   for longest in (1, 2, 3, 4, 5, 7, 8, 2):
     batch = _short_completions_batch(longest=longest, completion_len=8)
-    mask = np.asarray(batch['completion_mask'])
+    mask = np.asarray(batch.completion_mask)
     bucket = grpo.completion_bucket(
         int(mask.sum(axis=1).max()), 8, smallest=2)
     trimmed = grpo.trim_completions(batch, bucket)
-    shapes.add(trimmed['tokens'].shape)
+    shapes.add(trimmed.tokens.shape)
     logps = np.asarray(grpo.policy_logps(model, trimmed, hp))
     full = np.asarray(grpo.policy_logps(model, batch, hp))
-    kept = np.asarray(trimmed['completion_mask']) > 0
+    kept = np.asarray(trimmed.completion_mask) > 0
     np.testing.assert_allclose(logps[kept], full[:, :bucket][kept],
                                rtol=1e-5, atol=1e-6)
   # Buckets 2, 4 and 8 (the last is the full batch's shape, too).
@@ -933,11 +939,11 @@ def test_only_bucket_shapes_compile(abstract_lora_model):
 def _direct_grads(model, batch, per_token_fn, mode='sequence-mean-token-mean'):
   """LoRA grads of aggregate(per_token_fn(logps, entropy)), one pass."""
   graphdef, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
-  mask = batch['completion_mask']
+  mask = batch.completion_mask
 
   def loss_fn(lora):
     logps, entropy = logprobs.per_token_logps(
-        nnx.merge(graphdef, lora, rest), batch['tokens'], batch['input_mask'],
+        nnx.merge(graphdef, lora, rest), batch.tokens, batch.input_mask,
         mask.shape[1], chunk_size=mask.shape[1], compute_entropy=True,
     )
     return objectives.aggregate_loss(per_token_fn(logps, entropy), mask, mode)
@@ -956,17 +962,17 @@ def test_gspo_entropy_and_row_kl_coeff_in_the_update(abstract_lora_model):
   # GSPO-sized clip ranges, with old log-probs close enough to the policy
   # that some sequences are inside the trust region and some outside.
   logps, _ = logprobs.per_token_logps(
-      model, batch['tokens'], batch['input_mask'], 5, chunk_size=5)
+      model, batch.tokens, batch.input_mask, 5, chunk_size=5)
   shift = jnp.array([0.0, 0.02, -0.03, 0.001])[:, None]
-  batch['old_logps'] = logps + shift
-  batch['kl_coeff'] = jnp.full((4,), 0.3, jnp.float32)
+  batch = batch.replace(old_logps=logps + shift,
+                        kl_coeff=jnp.full((4,), 0.3, jnp.float32))
   mode = 'sequence-mean-token-mean'
 
   def reference(lp, entropy):
     surrogate, _ = objectives.sequence_clipped_surrogate(
-        lp, batch['old_logps'], batch['advantages'],
-        batch['completion_mask'], 0.01, 0.015)
-    kl = objectives.kl_divergence(lp, batch['ref_logps'], 'k3')
+        lp, batch.old_logps, batch.advantages,
+        batch.completion_mask, 0.01, 0.015)
+    kl = objectives.kl_divergence(lp, batch.ref_logps, 'k3')
     return surrogate + 0.3 * kl - 0.05 * entropy
 
   want = _direct_grads(model, batch, reference, mode)
@@ -982,7 +988,7 @@ def test_gspo_entropy_and_row_kl_coeff_in_the_update(abstract_lora_model):
   # ratios leave the trust region, the sequences' geometric means barely
   # move, so the two levels give different updates.
   # (Policy-gradient terms only: KL and entropy are the same in both.)
-  noisy = dict(batch, old_logps=logps + 0.1 * (-1.0) ** jnp.arange(5))
+  noisy = batch.replace(old_logps=logps + 0.1 * (-1.0) ** jnp.arange(5))
   pg = dataclasses.replace(hp, beta=0.0, entropy_coeff=0.0)
   seq, _ = grpo.compute_grads(model, noisy, pg)
   token, _ = grpo.compute_grads(
@@ -997,23 +1003,22 @@ def test_maxent_update_uses_the_target_advantages(abstract_lora_model):
   model = _lora_model(abstract_lora_model)
   batch = _batch(num_rows=4)
   rng = np.random.default_rng(3)
-  batch['rewards'] = jnp.asarray(rng.normal(size=4), jnp.float32)
+  batch = batch.replace(rewards=jnp.asarray(rng.normal(size=4), jnp.float32))
   hp = grpo.StepHParams(
       beta=0.0, epsilon=0.2, chunk_size=3, micro_batch_size=2,
       num_generations=2, maxent_tau=0.5, maxent_q_temperature=0.7,
       maxent_q_epsilon=0.1)
   assert hp.needs_reference
   got, metrics = grpo.compute_grads(model, batch, hp)
-  mask = np.asarray(batch['completion_mask'])
-  scores = (np.asarray(batch['ref_logps']) * mask).sum(-1) / mask.sum(-1)
-  r = np.asarray(batch['rewards']).reshape(2, 2)
+  mask = np.asarray(batch.completion_mask)
+  scores = (np.asarray(batch.ref_logps) * mask).sum(-1) / mask.sum(-1)
+  r = np.asarray(batch.rewards).reshape(2, 2)
   q = np.exp(r / 0.7) / np.exp(r / 0.7).sum(-1, keepdims=True)
   q = 0.9 * q + 0.05
   logits = scores.reshape(2, 2) + np.log(q) / 0.5
   w = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-  plain = dict(batch, advantages=jnp.asarray(2 * w.reshape(-1) - 1,
-                                             jnp.float32))
-  del plain['rewards']
+  plain = batch.replace(advantages=jnp.asarray(2 * w.reshape(-1) - 1,
+                                              jnp.float32), rewards=None)
   want, _ = grpo.compute_grads(
       model, plain, dataclasses.replace(hp, maxent_tau=0.0))
   _assert_same_grads(got, want)
@@ -1021,6 +1026,4 @@ def test_maxent_update_uses_the_target_advantages(abstract_lora_model):
   np.testing.assert_allclose(metrics['maxent/target_entropy'], want_entropy,
                              rtol=1e-5)
   with pytest.raises(ValueError, match='rewards'):
-    without = dict(batch)
-    del without['rewards']
-    grpo.compute_grads(model, without, hp)
+    grpo.compute_grads(model, batch.replace(rewards=None), hp)

@@ -373,12 +373,14 @@ def test_update_batch_matches_a_real_rollout(fields):
   config = _tiny(**fields)
   session = train.setup(config, '/unused', with_data=True)
   update, *_ = train.rollout_batch(session, next(session.train_iter), 1)
-  update['ref_logps'] = np.zeros_like(update['completion_mask'])
+  update = update.replace(ref_logps=np.zeros_like(update.completion_mask))
   expected = abstract.update_batch(config, session.mesh)
-  assert set(update) == set(expected)
-  for key, sds in expected.items():
-    assert update[key].shape == sds.shape, key
-    assert np.dtype(update[key].dtype) == np.dtype(sds.dtype), key
+  # Fields, shapes and dtypes (a field None in one is None in the other).
+  assert (jax.tree.structure(update) ==
+          jax.tree.structure(expected)), (update, expected)
+  for got, sds in zip(jax.tree.leaves(update), jax.tree.leaves(expected)):
+    assert got.shape == sds.shape
+    assert np.dtype(got.dtype) == np.dtype(sds.dtype)
 
 
 _PLACEMENT_CHILD = r'''

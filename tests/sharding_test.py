@@ -97,9 +97,9 @@ def fixed_update():
   completion = (np.arange(COMPLETION) < lengths[:, None]).astype(np.float32)
   mask[:, PROMPT:] = completion > 0
   tokens[:, PROMPT:] *= completion.astype(np.int32)
-  return {'tokens': tokens, 'input_mask': mask,
-          'completion_mask': completion,
-          'advantages': rng.normal(size=ROWS).astype(np.float32)}
+  return grpo.UpdateBatch(
+      tokens=tokens, input_mask=mask, completion_mask=completion,
+      advantages=rng.normal(size=ROWS).astype(np.float32))
 
 
 def spec_of(x):
@@ -163,7 +163,7 @@ for shape in shapes:
   }
   if shape in cache_on:
     state = session.sampler.init_state(
-        update['tokens'][:, :PROMPT], PROMPT + COMPLETION, 0,
+        update.tokens[:, :PROMPT], PROMPT + COMPLETION, 0,
         temperature=1.0, top_p=1.0, top_k=None)
     result['cache'] = layout(state.cache)
   result['metrics'] = train.update_policy(session, update)

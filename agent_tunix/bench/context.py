@@ -14,6 +14,7 @@ import numpy as np
 from agent_tunix.bench import options
 from agent_tunix.bench import records
 from agent_tunix.data import pipeline
+from agent_tunix.rl import grpo
 from agent_tunix.rl import optimizer as optimizer_lib
 from agent_tunix.run import train
 
@@ -136,7 +137,8 @@ class Context:
   prompts: list
   prompt_tokens: np.ndarray
   prompt_mask: np.ndarray
-  last_update: dict = None  # our last update batch (memory section input)
+  # Our last update batch, host arrays (the memory section's input).
+  last_update: grpo.UpdateBatch = None
 
   @property
   def mesh(self):

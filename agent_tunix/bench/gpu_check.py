@@ -370,18 +370,17 @@ def synthetic_update(ctx):
   # The G rows of a group share their prompt, as in a rollout's batch.
   prompts = tokens[::g.num_generations, :gen.max_prompt_length]
   tokens[:, :gen.max_prompt_length] = np.repeat(prompts, g.num_generations, 0)
-  update = {
-      'tokens': tokens,
-      'input_mask': np.ones((rows, length), bool),
-      'completion_mask': np.ones((rows, gen.max_generation_steps),
-                                 np.int32),
-      'advantages': rewards - rewards.mean(),
-  }
-  grpo.set_optional_inputs(update, config, rewards, ctx.session.hp.beta)
+  sequences = grpo.Sequences(
+      tokens=tokens,
+      input_mask=np.ones((rows, length), bool),
+      completion_mask=np.ones((rows, gen.max_generation_steps), np.int32),
+  )
+  update = grpo.update_batch(config, sequences, rewards - rewards.mean(),
+                             rewards, ctx.session.hp.beta)
   batch = sharding.shard_batch(update, ctx.mesh)
   if ctx.session.hp.needs_reference:
-    batch['ref_logps'] = jax.block_until_ready(
-        grpo.reference_logps(ctx.session.model, batch, ctx.session.hp))
+    batch = batch.replace(ref_logps=jax.block_until_ready(
+        grpo.reference_logps(ctx.session.model, batch, ctx.session.hp)))
   return batch
 
 
@@ -398,12 +397,11 @@ def update_flops(ctx, batch):
   """
   session = ctx.session
   hp = session.hp
-  rows = batch['tokens'].shape[0]
+  rows = batch.tokens.shape[0]
   unit = hp.prompt_group if rows % hp.prompt_group == 0 else 1
-  length = batch['tokens'].shape[1]
+  length = batch.tokens.shape[1]
   one = dataclasses.replace(hp, chunk_size=length, micro_batch_size=0)
-  micro = {k: v[:unit] if getattr(v, 'ndim', 0) and v.shape[0] == rows
-           else v for k, v in batch.items()}
+  micro = jax.tree.map(lambda v: v[:unit], batch)
   graphdefs, arrays = grpo.train_step_inputs(session.model, session.optimizer)
   lowered = grpo.TRAIN_STEP(graphdefs).lower(*arrays, micro, hp=one)
   cost = lowered.cost_analysis()

@@ -43,22 +43,22 @@ def ours_grpo(ctx):
     advantages = np.asarray(
         objectives.group_advantages(rewards, num_g, g.scale_rewards), np.float32
     )
-    update = {
-        'tokens': np.concatenate([rows['prompt_tokens'], out.tokens], axis=1),
-        'input_mask': np.concatenate(
+    sequences = grpo.Sequences(
+        tokens=np.concatenate([rows['prompt_tokens'], out.tokens], axis=1),
+        input_mask=np.concatenate(
             [rows['prompt_mask'], out.mask > 0], axis=1
         ),
-        'completion_mask': out.mask,
-        'advantages': advantages,
-    }
+        completion_mask=out.mask,
+    )
     # The bench holds an adaptive KL coefficient at its starting value.
-    grpo.set_optional_inputs(update, config, rewards, hp.beta)
+    update = grpo.update_batch(config, sequences, advantages, rewards,
+                               hp.beta)
     batch = sharding.shard_batch(update, ctx.mesh)
     t2 = records.now()
     if hp.needs_reference:
-      batch['ref_logps'] = jax.block_until_ready(
+      batch = batch.replace(ref_logps=jax.block_until_ready(
           grpo.reference_logps(model, batch, hp)
-      )
+      ))
     t3 = records.now()
     metrics = jax.device_get(grpo.train_step(model, optimizer, batch, hp))
     t4 = records.now()
@@ -75,7 +75,8 @@ def ours_grpo(ctx):
     logging.info('ours: step %d %.2f s', step, t4 - t0)
   ctx.last_update = update
   if hp.needs_reference:
-    ctx.last_update = dict(update, ref_logps=np.asarray(batch['ref_logps']))
+    ctx.last_update = update.replace(
+        ref_logps=np.asarray(batch.ref_logps))
   tokens = config.training.batch_size * num_g * gen.max_generation_steps
   side = records.step_summary(
       'agent_tunix (train.setup; rollout.Rollout.generate + '

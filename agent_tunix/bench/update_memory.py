@@ -82,21 +82,23 @@ def synthetic_update(ctx):
   prompt_tokens = np.repeat(ctx.prompt_tokens, g.num_generations, axis=0)
   prompt_mask = np.repeat(ctx.prompt_mask, g.num_generations, axis=0)
   completion = rng.integers(3, 1000, (rows, c)).astype(np.int32)
-  update = {
-      'tokens': np.concatenate([prompt_tokens, completion], axis=1),
-      'input_mask': np.concatenate(
+  sequences = grpo.Sequences(
+      tokens=np.concatenate([prompt_tokens, completion], axis=1),
+      input_mask=np.concatenate(
           [prompt_mask, np.ones((rows, c), bool)], axis=1
       ),
-      'completion_mask': np.ones((rows, c), np.float32),
-      'advantages': rng.standard_normal(rows).astype(np.float32),
-  }
+      completion_mask=np.ones((rows, c), np.float32),
+  )
+  advantages = rng.standard_normal(rows).astype(np.float32)
   hp = ctx.session.hp
+  ref_logps = None
   if hp.needs_reference:
-    update['ref_logps'] = -np.abs(rng.standard_normal((rows, c))).astype(
+    ref_logps = -np.abs(rng.standard_normal((rows, c))).astype(
         np.float32
     ) - 5.0
-  return grpo.set_optional_inputs(
-      update, config, rng.standard_normal(rows), hp.beta)
+  return grpo.update_batch(
+      config, sequences, advantages, rng.standard_normal(rows), hp.beta,
+  ).replace(ref_logps=ref_logps)
 
 
 def memory_measurement(ctx):
@@ -172,13 +174,13 @@ def memory_measurement(ctx):
     peer['same_remat'] = {'remat': hp.remat, **stats}
     for key in ('temp_bytes', 'peak_bytes'):
       ours[key + '_ratio_same_remat'] = ours[key] / max(stats[key], 1)
-  rows = int(update['tokens'].shape[0])
+  rows = int(update.tokens.shape[0])
   micro_rows = hp.micro_batch_size or rows
   settings = {
       'rows': rows,
       'micro_batch_rows': micro_rows,
-      'sequence_length': int(update['tokens'].shape[1]),
-      'completion_length': int(update['completion_mask'].shape[1]),
+      'sequence_length': int(update.tokens.shape[1]),
+      'completion_length': int(update.completion_mask.shape[1]),
       'vocab_size': int(model.embedder.input_embedding.shape[0]),
       'logps_chunk_size': hp.chunk_size,
       'beta': hp.beta,

@@ -93,7 +93,8 @@ def update_batch(config, mesh, completion_len=None):
     completion_len: C; default generation.max_generation_steps.
 
   Returns:
-    dict of ShapeDtypeStructs, the keys the update of this config reads.
+    A `grpo.UpdateBatch` of ShapeDtypeStructs, the fields the update of
+    this config reads (the others None).
   """
   g = config.grpo
   rows = config.training.batch_size * g.num_generations
@@ -113,13 +114,13 @@ def update_batch(config, mesh, completion_len=None):
     shapes[key] = ((rows,), jnp.float32)
   if g.num_iterations > 1:
     shapes['old_logps'] = ((rows, c), jnp.float32)
-  return {
+  return grpo.UpdateBatch(**{
       key: jax.ShapeDtypeStruct(
           shape, dtype,
           sharding=sharding.batch_sharding(mesh, len(shape)),
       )
       for key, (shape, dtype) in shapes.items()
-  }
+  })
 
 
 def episode_decode_inputs(mesh, rows, total_steps):

@@ -138,8 +138,7 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
 
   batch = abstract.update_batch(config, mesh)
   logps_fn, model_state = grpo.logps_program(model)
-  logps_batch = {k: batch[k] for k in ('tokens', 'input_mask',
-                                       'completion_mask')}
+  logps_batch = grpo.logps_inputs(batch)
   if 'reference_logps' in programs and hp.needs_reference:
     compiler('reference_logps', logps_fn, (model_state, logps_batch),
              {'hp': hp, 'use_lora': False}, 1, opt_bytes, micro_batches,

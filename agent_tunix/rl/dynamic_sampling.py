@@ -19,6 +19,7 @@ from typing import Any
 from absl import logging
 import numpy as np
 
+from agent_tunix.rl import grpo
 from agent_tunix.rl import objectives
 
 
@@ -162,12 +163,12 @@ def assemble(rounds, selection, places, num_generations, scale_rewards):
     scale_rewards: grpo.scale_rewards, for the advantages.
 
   Returns:
-    The update dict of `train.rollout_batch` ('tokens', 'input_mask',
-    'completion_mask', 'advantages', 'sampler_logps', and 'rewards', the
-    rows' total rewards, for MaxEnt-GRPO), len(places) * G rows. Advantages are those of the kept groups among themselves
-    (`objectives.group_advantages` on this process's kept rows, as without
-    dynamic sampling); the filling groups' rows have zero advantages and a
-    zero completion mask.
+    A `grpo.UpdateBatch` of len(places) * G rows with sampler_logps and
+    rewards (the rows' total rewards, every process's `grpo.update_batch`
+    keeps them for MaxEnt-GRPO). Advantages are those of the kept groups
+    among themselves (`objectives.group_advantages` on this process's kept
+    rows, as without dynamic sampling); the filling groups' rows have zero
+    advantages and a zero completion mask.
   """
   g = num_generations
   places = np.asarray(places)
@@ -188,20 +189,23 @@ def assemble(rounds, selection, places, num_generations, scale_rewards):
     parts['completion_mask'].append(out.mask[rows])
     parts['sampler_logps'].append(out.logps[rows])
     parts['rewards'].append(one.group_rewards[j])
-  update = {k: np.concatenate(v) for k, v in parts.items()}
-  rewards = update['rewards'].astype(np.float32)
-  update['rewards'] = rewards
+  joined = {k: np.concatenate(v) for k, v in parts.items()}
+  rewards = joined['rewards'].astype(np.float32)
   num_kept_rows = int(kept.sum()) * g
   advantages = np.zeros(len(rewards), np.float32)
   if num_kept_rows:
     advantages[:num_kept_rows] = np.asarray(objectives.group_advantages(
         rewards[:num_kept_rows], g, scale_rewards))
-  update['advantages'] = advantages
-  mask = update['completion_mask'].copy()
+  mask = joined['completion_mask'].copy()
   mask[num_kept_rows:] = 0
-  update['completion_mask'] = mask
-  update['input_mask'] = update['input_mask'].astype(bool)
-  return update
+  return grpo.UpdateBatch(
+      tokens=joined['tokens'],
+      input_mask=joined['input_mask'].astype(bool),
+      completion_mask=mask,
+      advantages=advantages,
+      sampler_logps=joined['sampler_logps'],
+      rewards=rewards,
+  )
 
 
 def step_scalars(selection, batch_size):

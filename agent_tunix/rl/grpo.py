@@ -26,7 +26,10 @@ would return every weight of the model too, a copy of all of them per call.
 Gradients are taken with `jax.value_and_grad` with respect to the LoRA state
 only, so the frozen backbone never gets a gradient buffer.
 
-Batch layout (N rows = prompts x generations, groups contiguous):
+The update batch is an `UpdateBatch` (N rows = prompts x generations,
+groups contiguous), a pytree the jitted programs take whole; a field the
+update does not read is None, and each combination of present fields
+compiles once:
 
   tokens           int32   [N, P + C]  left-padded prompt, then completion
   input_mask       bool    [N, P + C]  True on real (non-pad) tokens
@@ -41,6 +44,10 @@ Batch layout (N rows = prompts x generations, groups contiguous):
                                        row (the adaptive controller's
                                        value); absent = hp.beta
 
+`update_batch` builds one from a rollout's `Sequences` (its first three
+fields and sampler_logps: what the log-prob passes read, before any
+reward exists) and its rewards.
+
 The reference policy is the base model: LoRA switched off on the same
 weights (`logprobs.final_hidden_states`).
 """
@@ -50,6 +57,7 @@ import functools
 from typing import Any
 
 from flax import nnx
+from flax import struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,18 +70,61 @@ from agent_tunix.rl import remat
 # Metric: mean |sampler log-prob - trainer log-prob| over completion tokens.
 SAMPLER_GAP = 'sampler/logp_abs_diff'
 
-# Per-row batch arrays the update reads; other keys in a batch are ignored.
-_BATCH_KEYS = (
-    'tokens',
-    'input_mask',
-    'completion_mask',
-    'advantages',
-    'old_logps',
-    'ref_logps',
-    'sampler_logps',
-    'rewards',
-    'kl_coeff',
-)
+# An [N, ...] array: numpy on the host, a global jax.Array on the mesh (a
+# ShapeDtypeStruct in the preflight).
+Rows = jax.Array | np.ndarray
+
+
+@struct.dataclass
+class Sequences:
+  """A batch's sampled sequences: what a log-prob pass reads.
+
+  Attributes:
+    tokens: int32 [N, P + C], the left-padded prompt, then the completion.
+    input_mask: bool [N, P + C], True on real (non-pad) tokens.
+    completion_mask: float32 [N, C], 1 on completion tokens that count.
+    sampler_logps: float32 [N, C], the sampler's log-probs of the
+      completion tokens; None when the batch was not sampled (benchmarks).
+      The log-prob passes do not read it.
+  """
+
+  tokens: Rows
+  input_mask: Rows
+  completion_mask: Rows
+  sampler_logps: Rows | None = None
+
+
+@struct.dataclass
+class UpdateBatch:
+  """One update's inputs (the module docstring's layout); None: absent.
+
+  `update_batch` builds the host batch of a run; `of` puts one together
+  from parts already on the mesh.
+  """
+
+  tokens: Rows
+  input_mask: Rows
+  completion_mask: Rows
+  advantages: Rows
+  old_logps: Rows | None = None
+  ref_logps: Rows | None = None
+  sampler_logps: Rows | None = None
+  rewards: Rows | None = None
+  kl_coeff: Rows | None = None
+
+  @classmethod
+  def of(cls, sequences: Sequences, advantages: Rows,
+         **optional: Rows | None) -> 'UpdateBatch':
+    """The batch of `sequences` with these advantages and optional fields."""
+    return cls(tokens=sequences.tokens, input_mask=sequences.input_mask,
+               completion_mask=sequences.completion_mask,
+               sampler_logps=sequences.sampler_logps, advantages=advantages,
+               **optional)
+
+  @property
+  def sequences(self) -> Sequences:
+    return Sequences(self.tokens, self.input_mask, self.completion_mask,
+                     self.sampler_logps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +133,7 @@ class StepHParams:
 
   Attributes:
     beta: KL coefficient (the starting one with an adaptive controller,
-      whose current value comes in batch['kl_coeff']); 0 means no KL term.
+      whose current value comes in batch.kl_coeff); 0 means no KL term.
     epsilon: lower PPO clip range (and upper, unless epsilon_high > 0);
       > 0: at 0 every update is clipped away (`config.validation`).
     epsilon_high: upper clip range; negative means equal to epsilon.
@@ -110,7 +161,7 @@ class StepHParams:
       w = stop_gradient(min(exp(old_logp - sampler_logp), tis_cap)), where
       old_logp is the trainer's log-prob of the policy that sampled (the
       batch's old_logps, or this pass's own) and sampler_logp the
-      sampler's (batch['sampler_logps'], required). It corrects for a
+      sampler's (batch.sampler_logps, required). It corrects for a
       sampler whose numerics differ from the trainer's (bfloat16, other
       kernels, a remote sampler); the KL term is not weighted.
     completion_norm: the tokens per sequence 'sequence-mean-token-sum-norm'
@@ -124,8 +175,8 @@ class StepHParams:
       0 = off.
     num_generations: G, rows per group (contiguous); needed by MaxEnt.
     maxent_tau: > 0 turns MaxEnt-GRPO on: the advantages are
-      `objectives.maxent_advantages` of batch['rewards'] and
-      batch['ref_logps'] instead of batch['advantages'].
+      `objectives.maxent_advantages` of batch.rewards and
+      batch.ref_logps instead of batch.advantages.
     maxent_q_temperature: see `objectives.maxent_target_weights`.
     maxent_q_epsilon: see `objectives.maxent_target_weights`.
     maxent_length_normalize_ref: see `objectives.maxent_advantages`.
@@ -190,7 +241,7 @@ class StepHParams:
 
   @property
   def needs_reference(self) -> bool:
-    """Whether the update reads batch['ref_logps'] (KL or MaxEnt)."""
+    """Whether the update reads batch.ref_logps (KL or MaxEnt)."""
     return self.beta > 0 or self.maxent_tau > 0
 
   @property
@@ -216,37 +267,40 @@ def optional_inputs(config: Any) -> tuple[str, ...]:
   'rewards' with MaxEnt-GRPO (grpo.maxent_tau > 0: its advantages come from
   them) and 'kl_coeff' with the adaptive KL controller (grpo.kl_target > 0:
   the step's coefficient, which the static `StepHParams` cannot carry).
-  Every builder of an update batch (the train loop, the preflight, the
-  benchmarks) adds these and only these (`set_optional_inputs`).
+  The host batches of the train loop and the benchmarks get these and only
+  these (`update_batch`); the preflight's abstract batch likewise.
   """
   g = config.grpo
   return ((('rewards',) if g.maxent_tau > 0 else ()) +
           (('kl_coeff',) if g.kl_target > 0 else ()))
 
 
-def set_optional_inputs(update: dict[str, Any], config: Any, rewards: Any,
-                        kl_coeff: float) -> dict[str, Any]:
-  """Puts `optional_inputs(config)` into a host batch; drops the others.
+def update_batch(config: Any, sequences: Sequences, advantages: Any,
+                 rewards: Any, kl_coeff: float) -> UpdateBatch:
+  """The host update batch of `config`: the one place that builds one.
 
   Args:
-    update: host arrays in the module docstring's layout; changed in place.
-    config: the run's config.
+    config: the run's config; its `optional_inputs` are set, the other
+      optional fields left None (old and reference log-probs come later,
+      on the mesh).
+    sequences: the rows' host arrays.
+    advantages: [N] advantage of each row.
     rewards: [N] total reward of each row.
     kl_coeff: the KL coefficient of this update (every row gets it).
 
   Returns:
-    `update`.
+    The `UpdateBatch`, float32 per-row arrays.
   """
   wanted = optional_inputs(config)
-  rows = len(update['advantages'])
-  values = {'rewards': lambda: np.asarray(rewards, np.float32),
-            'kl_coeff': lambda: np.full(rows, kl_coeff, np.float32)}
-  for key, value in values.items():
-    if key in wanted:
-      update[key] = value()
-    else:
-      update.pop(key, None)
-  return update
+  advantages = np.asarray(advantages, np.float32)
+  rows = len(advantages)
+  return UpdateBatch.of(
+      sequences, advantages,
+      rewards=(np.asarray(rewards, np.float32) if 'rewards' in wanted
+               else None),
+      kl_coeff=(np.full(rows, kl_coeff, np.float32) if 'kl_coeff' in wanted
+                else None),
+  )
 
 
 def hparams_from_config(config: Any) -> StepHParams:
@@ -321,7 +375,13 @@ def completion_bucket(longest: int, max_len: int,
   return max(1, min(bucket, max_len))
 
 
-def trim_completions(batch: dict[str, Any], length: int) -> dict[str, Any]:
+# The fields of an UpdateBatch or Sequences with one column per completion
+# token ([N, C]); tokens and input_mask end with them ([N, P + C]).
+_COMPLETION_COLUMNS = ('completion_mask', 'old_logps', 'ref_logps',
+                       'sampler_logps')
+
+
+def trim_completions(batch, length: int):
   """The batch with its completion columns cut to the first `length`.
 
   tokens and input_mask [N, P + C] keep P + length columns; the [N, C]
@@ -331,33 +391,35 @@ def trim_completions(batch: dict[str, Any], length: int) -> dict[str, Any]:
   hp.completion_norm set for Dr. GRPO).
 
   Args:
-    batch: host or device arrays in the module docstring's layout.
+    batch: an `UpdateBatch` or `Sequences`, host or device arrays.
     length: completion columns to keep (`completion_bucket`).
 
   Returns:
-    A new dict; other keys are passed through.
+    A batch of the same type; the per-row fields are passed through.
   """
-  completion_len = batch['completion_mask'].shape[1]
+  completion_len = batch.completion_mask.shape[1]
   if not 0 < length <= completion_len:
     raise ValueError(
         f'length={length} must be in (0, {completion_len}].'
     )
   cut = completion_len - length
   if not cut:
-    return dict(batch)
-  trimmed = dict(batch)
-  for key, value in batch.items():
-    if key in ('tokens', 'input_mask'):
-      trimmed[key] = value[:, :value.shape[1] - cut]
-    elif key in ('completion_mask', 'old_logps', 'ref_logps',
-                 'sampler_logps'):
-      trimmed[key] = value[:, :length]
-  return trimmed
+    return batch
+  trimmed = {}
+  for field in dataclasses.fields(batch):
+    value = getattr(batch, field.name)
+    if value is None:
+      continue
+    if field.name in ('tokens', 'input_mask'):
+      trimmed[field.name] = value[:, :value.shape[1] - cut]
+    elif field.name in _COMPLETION_COLUMNS:
+      trimmed[field.name] = value[:, :length]
+  return batch.replace(**trimmed)
 
 
 # ------------------------------------------------------------------ update
 
-def _micro_batches(batch: dict[str, jax.Array], size: int, group: int = 1):
+def _micro_batches(batch, size: int, group: int = 1):
   """Splits every [N, ...] array into [N // size, size, ...] micro-batches.
 
   Micro-batch k takes groups of `group` contiguous rows k, k + K, k + 2K, ...
@@ -367,14 +429,14 @@ def _micro_batches(batch: dict[str, jax.Array], size: int, group: int = 1):
   `_merge_micro_batches` inverts it.
 
   Args:
-    batch: dict of arrays with N rows; keys outside _BATCH_KEYS are dropped.
+    batch: a pytree of arrays of N rows each (an `UpdateBatch`, a dict).
     size: rows per micro-batch; 0 means N (a single micro-batch).
     group: rows kept together; divides size.
 
   Returns:
-    The dict of reshaped arrays.
+    The same pytree of reshaped arrays.
   """
-  rows = batch['tokens'].shape[0]
+  rows = jax.tree.leaves(batch)[0].shape[0]
   size = size or rows
   if rows % size:
     raise ValueError(
@@ -389,8 +451,7 @@ def _micro_batches(batch: dict[str, jax.Array], size: int, group: int = 1):
     value = value.reshape(size // group, count, group, *rest).swapaxes(0, 1)
     return value.reshape(count, size, *rest)
 
-  return {key: split(value) for key, value in batch.items()
-          if key in _BATCH_KEYS}
+  return jax.tree.map(split, batch)
 
 
 def _merge_micro_batches(value: jax.Array, group: int = 1) -> jax.Array:
@@ -400,8 +461,8 @@ def _merge_micro_batches(value: jax.Array, group: int = 1) -> jax.Array:
   return value.reshape(count * size, *rest)
 
 
-def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
-                       logps_fn=None):
+def _grads_and_metrics(model: nnx.Module, batch: UpdateBatch,
+                       hp: StepHParams, logps_fn=None):
   """Full-batch loss gradient w.r.t. LoRA params, accumulated over micros.
 
   Args:
@@ -415,36 +476,36 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
     (LoRA grads State, metrics dict).
   """
   logps_fn = logps_fn or logprobs.per_token_logps
-  if hp.tis_cap > 0 and 'sampler_logps' not in batch:
+  if hp.tis_cap > 0 and batch.sampler_logps is None:
     raise ValueError(
-        f'tis_cap={hp.tis_cap} needs batch["sampler_logps"] (the sampler\'s '
+        f'tis_cap={hp.tis_cap} needs batch.sampler_logps (the sampler\'s '
         'log-probs of the completion tokens); pass them or set tis_cap=0.'
     )
-  if hp.needs_reference and 'ref_logps' not in batch:
+  if hp.needs_reference and batch.ref_logps is None:
     raise ValueError(
         f'beta={hp.beta} / maxent_tau={hp.maxent_tau} needs '
-        'batch["ref_logps"]; compute them with grpo.reference_logps or set '
+        'batch.ref_logps; compute them with grpo.reference_logps or set '
         'both to 0.'
     )
   extra_metrics = {}
   if hp.maxent_tau > 0:
-    if 'rewards' not in batch:
+    if batch.rewards is None:
       raise ValueError(
-          f'maxent_tau={hp.maxent_tau} needs batch["rewards"] (the rows\' '
+          f'maxent_tau={hp.maxent_tau} needs batch.rewards (the rows\' '
           'total rewards); pass them or set maxent_tau=0.'
       )
-    batch = dict(batch, advantages=objectives.maxent_advantages(
-        batch['rewards'], batch['ref_logps'], batch['completion_mask'],
+    batch = batch.replace(advantages=objectives.maxent_advantages(
+        batch.rewards, batch.ref_logps, batch.completion_mask,
         hp.num_generations, hp.maxent_tau, hp.maxent_q_temperature,
         hp.maxent_q_epsilon, hp.maxent_length_normalize_ref,
     ))
     # Entropy of each group's target w = (A + 1) / G, mean over groups.
-    weights = (batch['advantages'] + 1.0) / hp.num_generations
+    weights = (batch.advantages + 1.0) / hp.num_generations
     extra_metrics['maxent/target_entropy'] = -jnp.sum(
         weights * jnp.log(jnp.maximum(weights, 1e-30))
     ) / (weights.shape[0] // hp.num_generations)
   graphdef, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
-  mask = batch['completion_mask'].astype(jnp.float32)
+  mask = batch.completion_mask.astype(jnp.float32)
   completion_len = mask.shape[1]
   total = jnp.maximum(objectives.agg_count(mask, hp.loss_agg_mode), 1.0)
   total_tokens = jnp.maximum(mask.sum(), 1.0)
@@ -457,8 +518,8 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
     remat.apply_remat(module, hp.remat)
     logps, entropy = logps_fn(
         module,
-        micro['tokens'],
-        micro['input_mask'],
+        micro.tokens,
+        micro.input_mask,
         completion_len,
         hp.chunk_size,
         use_lora=True,
@@ -466,38 +527,38 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
         group=hp.prompt_group,
         temperature=hp.temperature,
     )
-    micro_mask = micro['completion_mask'].astype(jnp.float32)
-    old_logps = micro.get('old_logps')
+    micro_mask = micro.completion_mask.astype(jnp.float32)
+    old_logps = micro.old_logps
     if old_logps is None:
       old_logps = jax.lax.stop_gradient(logps)
     if hp.importance_sampling_level == 'sequence':
       per_token, is_clipped = objectives.sequence_clipped_surrogate(
-          logps, old_logps, micro['advantages'], micro_mask, hp.epsilon,
+          logps, old_logps, micro.advantages, micro_mask, hp.epsilon,
           hp.upper_epsilon,
       )
     else:
       per_token, is_clipped = objectives.clipped_surrogate(
-          logps, old_logps, micro['advantages'], hp.epsilon,
+          logps, old_logps, micro.advantages, hp.epsilon,
           hp.upper_epsilon,
       )
     if hp.tis_cap > 0:
       per_token = per_token * objectives.tis_weights(
-          old_logps, micro['sampler_logps'], hp.tis_cap
+          old_logps, micro.sampler_logps, hp.tis_cap
       )
     sums = {
         'clip_ratio': (is_clipped * micro_mask).sum(),
         'entropy': (jax.lax.stop_gradient(entropy) * micro_mask).sum(),
     }
-    if 'sampler_logps' in micro:
+    if micro.sampler_logps is not None:
       # The trainer's log-probs of the policy that sampled: the old ones,
       # or this pass's own (num_iterations = 1).
-      gap = jnp.abs(jax.lax.stop_gradient(old_logps) - micro['sampler_logps'])
+      gap = jnp.abs(jax.lax.stop_gradient(old_logps) - micro.sampler_logps)
       sums[SAMPLER_GAP] = (gap * micro_mask).sum()
     if hp.beta > 0:
       kl = objectives.kl_divergence(
-          logps, micro['ref_logps'], hp.kl_estimator
+          logps, micro.ref_logps, hp.kl_estimator
       )
-      coeff = micro['kl_coeff'][:, None] if 'kl_coeff' in micro else hp.beta
+      coeff = hp.beta if micro.kl_coeff is None else micro.kl_coeff[:, None]
       per_token = per_token + coeff * kl
       sums['kl'] = (jax.lax.stop_gradient(kl) * micro_mask).sum()
     if hp.entropy_coeff:
@@ -520,7 +581,7 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
   zero_sums = {'clip_ratio': 0.0, 'entropy': 0.0}
   if hp.beta > 0:
     zero_sums['kl'] = 0.0
-  if 'sampler_logps' in micros:
+  if micros.sampler_logps is not None:
     zero_sums[SAMPLER_GAP] = 0.0
   init = (
       jnp.zeros((), jnp.float32),
@@ -539,8 +600,7 @@ def _grads_and_metrics(model: nnx.Module, batch, hp: StepHParams,
 
 
 @functools.partial(nnx.jit, static_argnames=('hp',))
-def compute_grads(model: nnx.Module, batch: dict[str, jax.Array],
-                  hp: StepHParams):
+def compute_grads(model: nnx.Module, batch: UpdateBatch, hp: StepHParams):
   """Returns (LoRA grads State, metrics) of the full-batch loss; no update."""
   return _grads_and_metrics(model, batch, hp)
 
@@ -577,7 +637,7 @@ class GraphJit:
 def train_step(
     model: nnx.Module,
     optimizer: nnx.Optimizer,
-    batch: dict[str, jax.Array],
+    batch: UpdateBatch,
     hp: StepHParams,
 ) -> dict[str, jax.Array]:
   """One GRPO update of the LoRA parameters (in place on model/optimizer).
@@ -591,7 +651,7 @@ def train_step(
   Args:
     model: the LoRA model (its nnx.LoRAParam leaves are trained).
     optimizer: nnx.Optimizer(model, tx, wrt=nnx.LoRAParam).
-    batch: dict of arrays, see the module docstring.
+    batch: the `UpdateBatch`, on the mesh.
     hp: static hyperparameters.
 
   Returns:
@@ -618,7 +678,7 @@ def run_train_step(step_for, model, optimizer, batch):
       function with its hp bound, or an executable compiled from one.
     model: the LoRA model, updated in place.
     optimizer: its nnx.Optimizer, updated in place.
-    batch: dict of arrays.
+    batch: the `UpdateBatch`.
 
   Returns:
     The step's metrics.
@@ -662,11 +722,11 @@ def make_train_step(grads_and_metrics) -> GraphJit:
 TRAIN_STEP = make_train_step(_grads_and_metrics)
 
 
-def _logps(graphdefs, state, batch, hp, use_lora):
+def _logps(graphdefs, state, batch: Sequences, hp, use_lora):
   """[N, C] log-probs of the model (graphdefs[0], state), micro-batched."""
-  completion_len = batch['completion_mask'].shape[1]
+  completion_len = batch.completion_mask.shape[1]
   micros = _micro_batches(
-      {'tokens': batch['tokens'], 'input_mask': batch['input_mask']},
+      {'tokens': batch.tokens, 'input_mask': batch.input_mask},
       hp.micro_batch_size,
       hp.prompt_group,
   )
@@ -694,27 +754,33 @@ _LOGPS = GraphJit(_logps, static_argnames=('hp', 'use_lora'))
 
 
 def logps_program(model):
-  """(jitted fn, model state): fn(state, batch, hp=, use_lora=) -> [N, C].
+  """(jitted fn, model state): fn(state, sequences, hp=, use_lora=) -> [N, C].
 
-  The program `reference_logps` and `policy_logps` run; the preflight
-  compiles it from the same pieces.
+  The program `reference_logps` and `policy_logps` run, on `logps_inputs`;
+  the preflight compiles it from the same pieces.
   """
   graphdef, state = nnx.split(model)
   return _LOGPS((graphdef,)), state
 
 
+def logps_inputs(batch: Sequences | UpdateBatch) -> Sequences:
+  """What the log-prob program reads of a batch: its tokens, input and
+  completion masks (so one program serves every batch of those shapes)."""
+  return Sequences(batch.tokens, batch.input_mask, batch.completion_mask)
+
+
 def _model_logps(model, batch, hp, use_lora):
   fn, state = logps_program(model)
-  return fn(state, batch, hp=hp, use_lora=use_lora)
+  return fn(state, logps_inputs(batch), hp=hp, use_lora=use_lora)
 
 
-def reference_logps(model: nnx.Module, batch: dict[str, jax.Array],
+def reference_logps(model: nnx.Module, batch: Sequences | UpdateBatch,
                     hp: StepHParams) -> jax.Array:
   """[N, C] completion log-probs under the base model (LoRA off)."""
   return _model_logps(model, batch, hp, use_lora=False)
 
 
-def policy_logps(model: nnx.Module, batch: dict[str, jax.Array],
+def policy_logps(model: nnx.Module, batch: Sequences | UpdateBatch,
                  hp: StepHParams) -> jax.Array:
   """[N, C] completion log-probs under the current policy (LoRA on), no grad."""
   return _model_logps(model, batch, hp, use_lora=True)

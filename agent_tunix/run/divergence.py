@@ -92,7 +92,7 @@ def check_state(step, model, optimizer, batch, hp, config, ckpt):
     step: The step just completed.
     model: The policy (LoRA params after the step).
     optimizer: Its nnx.Optimizer.
-    batch: The step's update batch (sharded, as given to grpo.train_step);
+    batch: The step's `grpo.UpdateBatch` (as given to grpo.train_step);
       None skips the forward check.
     hp: grpo.StepHParams of the run.
     config: The full config (for the hint).
@@ -105,7 +105,7 @@ def check_state(step, model, optimizer, batch, hp, config, ckpt):
     problem = 'the optimizer state is NaN or infinite'
   elif batch is not None:
     logps = grpo.policy_logps(model, batch, hp)
-    mask = batch['completion_mask'] > 0
+    mask = batch.completion_mask > 0
     ok = jnp.all(jnp.where(mask, jnp.isfinite(logps), True))
     if not bool(np.asarray(jax.device_get(ok))):
       problem = ("the policy's log-probs of the step's batch are NaN or "

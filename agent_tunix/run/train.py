@@ -84,7 +84,8 @@ class Session:
   eval_set: list
   train_iter: object = None
   data_stats: dict = None
-  last_batch: dict = None  # The last update batch (for divergence checks).
+  # The last update batch (for divergence checks).
+  last_batch: grpo.UpdateBatch = None
   # The KL coefficient the next update uses (grpo.kl_target > 0 adapts it;
   # checkpointed in the step's meta).
   kl_coeff: float = 0.0
@@ -166,9 +167,9 @@ def rollout_batch(session, batch, step):
     step: the step number (picks the sampling seed).
 
   Returns:
-    (update batch of this process's rows for grpo, with the optional inputs
-    its update reads (`grpo.set_optional_inputs`), per-step scalars over all
-    processes' rows, sample texts of this process's rows, number of
+    (`grpo.UpdateBatch` of this process's rows, host arrays with the
+    optional inputs its update reads (`grpo.update_batch`), per-step
+    scalars over all processes' rows, sample texts of this process's rows, number of
     completion tokens over all processes, the batch's `stage_update`: its
     log-prob passes were dispatched before the rewards were computed).
   """
@@ -179,18 +180,18 @@ def rollout_batch(session, batch, step):
       session, batch, step_seed(config.training.seed, step), own=True)
   prompts = list(rows['prompt'])
   trained = _mask_cut_episodes(session, out)
-  update = {
-      'tokens': np.concatenate([rows['prompt_tokens'], out.tokens], axis=1),
-      'input_mask': np.concatenate(
+  sequences = grpo.Sequences(
+      tokens=np.concatenate([rows['prompt_tokens'], out.tokens], axis=1),
+      input_mask=np.concatenate(
           [rows['prompt_mask'], out.attended > 0], axis=1
       ),
-      'completion_mask': trained.mask,
+      completion_mask=trained.mask,
       # The update logs sampler/logp_abs_diff from these.
-      'sampler_logps': out.logps,
-  }
+      sampler_logps=out.logps,
+  )
   # The log-prob passes need no reward: dispatched now, they run on the
   # devices while the host scores (a judge's requests included).
-  staged = stage_update(session, update)
+  staged = stage_update(session, sequences)
   total, per_fn = _score(session, rows, out)
   advantages = np.asarray(
       objectives.group_advantages(total, g, config.grpo.scale_rewards)
@@ -201,8 +202,8 @@ def rollout_batch(session, batch, step):
   if out.episodes is not None:
     scalars.update(episode_stats.scalars(sharding.allgather_concat(
         episode_stats.row_stats(out.episodes))))
-  update['advantages'] = advantages.astype(np.float32)
-  grpo.set_optional_inputs(update, config, total, session.kl_coeff)
+  update = grpo.update_batch(config, sequences, advantages, total,
+                             session.kl_coeff)
   samples = (prompts, judging.annotate(session, _sample_texts(out)), total)
   return update, scalars, samples, gen_tokens, staged
 
@@ -371,13 +372,14 @@ def rollout_dynamic(session, batch, step):
       batch, lambda: next(session.train_iter),
       lambda b, r: sample_round(session, b, step, r), batch_size,
       config.grpo.max_sampling_rounds)
-  update = dynamic_sampling.assemble(
+  assembled = dynamic_sampling.assemble(
       rounds, selection,
       dynamic_sampling.own_places(batch_size, jax.process_index(),
                                   jax.process_count()),
       g, config.grpo.scale_rewards)
-  grpo.set_optional_inputs(update, config, update['rewards'],
-                           session.kl_coeff)
+  update = grpo.update_batch(config, assembled.sequences,
+                             assembled.advantages, assembled.rewards,
+                             session.kl_coeff)
   scalars, gen_tokens = _scalars_of_rows({
       'total': np.concatenate([r.group_rewards.reshape(-1) for r in rounds]),
       'per_fn': {k: np.concatenate([r.per_fn[k] for r in rounds])
@@ -401,14 +403,25 @@ def rollout_dynamic(session, batch, step):
 _ROUTER_STATS = nnx.jit(gemma4_lib.router_stats)
 
 
-# The update batch's [N, P + C] and [N, C] arrays; its other keys are one
-# value per row (advantages, the optional inputs).
-_COLUMNS = ('tokens', 'input_mask', 'completion_mask', 'sampler_logps')
+@dataclasses.dataclass(frozen=True)
+class Staged:
+  """A batch's sequences on the mesh, trimmed to the bucket of its longest
+  completion, and the log-prob passes dispatched on them (`stage_update`).
+
+  Attributes:
+    sequences: the trimmed `grpo.Sequences`, global arrays.
+    ref_logps: the reference pass's log-probs, when the loss needs them.
+    old_logps: the old policy's, when grpo.num_iterations > 1.
+  """
+
+  sequences: grpo.Sequences
+  ref_logps: jax.Array | None = None
+  old_logps: jax.Array | None = None
 
 
-def stage_update(session, update):
-  """The token columns of an update batch, trimmed and on the mesh, with
-  the reference (and old-policy) log-prob passes dispatched.
+def stage_update(session, sequences):
+  """The sequences of an update batch, trimmed and on the mesh, with the
+  reference (and old-policy) log-prob passes dispatched.
 
   The passes run on the batch's completion columns cut to the bucket of its
   longest completion over all processes (`grpo.completion_bucket`): the
@@ -419,31 +432,30 @@ def stage_update(session, update):
 
   Args:
     session: the run's `Session`.
-    update: host arrays: tokens, input_mask, completion_mask and, from a
-      rollout, sampler_logps.
+    sequences: this process's rows, host `grpo.Sequences` (from a rollout,
+      with sampler_logps).
 
   Returns:
-    A dict of global arrays: `_COLUMNS` trimmed, plus 'ref_logps' when the
-    loss needs the reference and 'old_logps' when grpo.num_iterations > 1.
+    `Staged`.
   """
   config = session.config
   # Completion columns up to each row's last real token (with tools, the
   # inserts between turns are read though not trained on).
-  width = update['completion_mask'].shape[1]
-  attended = update['input_mask'][:, -width:]
+  width = sequences.completion_mask.shape[1]
+  attended = sequences.input_mask[:, -width:]
   lengths = np.where(attended.any(axis=1),
                      width - np.argmax(attended[:, ::-1], axis=1), 0)
   longest = int(sharding.allgather_concat(
       np.array([lengths.max(initial=0)])).max())
   bucket = grpo.completion_bucket(longest, width)
-  columns = grpo.trim_completions(
-      {k: update[k] for k in _COLUMNS if k in update}, bucket)
-  batch = sharding.shard_batch(columns, session.mesh)
+  on_mesh = sharding.shard_batch(
+      grpo.trim_completions(sequences, bucket), session.mesh)
+  ref_logps = old_logps = None
   if session.hp.needs_reference:
-    batch['ref_logps'] = grpo.reference_logps(session.model, batch, session.hp)
+    ref_logps = grpo.reference_logps(session.model, on_mesh, session.hp)
   if config.grpo.num_iterations > 1:
-    batch['old_logps'] = grpo.policy_logps(session.model, batch, session.hp)
-  return batch
+    old_logps = grpo.policy_logps(session.model, on_mesh, session.hp)
+  return Staged(on_mesh, ref_logps=ref_logps, old_logps=old_logps)
 
 
 def update_policy(session, update, staged=None):
@@ -451,17 +463,21 @@ def update_policy(session, update, staged=None):
 
   Args:
     session: the run's `Session`.
-    update: the host update batch (`rollout_batch`'s layout).
-    staged: `stage_update(session, update)` if the caller dispatched it
-      already; None stages it here.
+    update: the host `grpo.UpdateBatch` (`rollout_batch`'s).
+    staged: `stage_update(session, update.sequences)` if the caller
+      dispatched it already; None stages it here.
 
   Returns:
     The update's scalars.
   """
   config = session.config
-  batch = dict(stage_update(session, update) if staged is None else staged)
-  batch.update(sharding.shard_batch(
-      {k: v for k, v in update.items() if k not in _COLUMNS}, session.mesh))
+  if staged is None:
+    staged = stage_update(session, update.sequences)
+  per_row = sharding.shard_batch(
+      {'advantages': update.advantages, 'rewards': update.rewards,
+       'kl_coeff': update.kl_coeff}, session.mesh)
+  batch = grpo.UpdateBatch.of(staged.sequences, ref_logps=staged.ref_logps,
+                              old_logps=staged.old_logps, **per_row)
   session.last_batch = batch
   for _ in range(config.grpo.num_iterations):
     step_metrics = grpo.train_step(
@@ -469,7 +485,7 @@ def update_policy(session, update, staged=None):
     )
   scalars = {k: float(sharding.to_host(v)) for k, v in step_metrics.items()}
   if getattr(session.model.config, 'enable_moe', False):
-    counts = _ROUTER_STATS(session.model, batch['tokens'], batch['input_mask'])
+    counts = _ROUTER_STATS(session.model, batch.tokens, batch.input_mask)
     scalars.update(gemma4_lib.load_scalars(sharding.to_host(counts)))
   if session.hp.beta > 0:
     scalars['kl_coeff'] = session.kl_coeff
