@@ -350,8 +350,8 @@ def test_log_prob_passes_are_dispatched_before_the_rewards(monkeypatch):
     return score(*args, **kwargs)
 
   session = dataclasses.replace(session, reward_set=scored)
-  update, _, _, _, staged = train.rollout_batch(
-      session, next(session.train_iter), 1)
+  result = train.rollout_batch(session, next(session.train_iter), 1)
+  update, staged = result.update, result.staged
   assert order == ['reference_logps', 'policy_logps', 'rewards']
   assert staged.ref_logps is not None and staged.old_logps is not None
   assert update.advantages is not None

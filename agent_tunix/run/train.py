@@ -158,6 +158,27 @@ def setup(config, workdir, with_data=True):
   return session
 
 
+@dataclasses.dataclass(frozen=True)
+class RolloutResult:
+  """What a step's rollout hands the update and the books.
+
+  Attributes:
+    update: the `grpo.UpdateBatch` of this process's rows, host arrays.
+    scalars: per-step scalars over all processes' rows.
+    samples: (prompts, texts, total rewards) of this process's rows, for
+      the sample texts.
+    gen_tokens: completion tokens over all processes.
+    staged: the batch's `stage_update`, dispatched before the rewards were
+      computed; None: `update_policy` stages it.
+  """
+
+  update: grpo.UpdateBatch
+  scalars: dict[str, float]
+  samples: tuple[list, list, object]
+  gen_tokens: int
+  staged: 'Staged | None' = None
+
+
 def rollout_batch(session, batch, step):
   """Samples G completions per prompt and scores this process's rows.
 
@@ -167,11 +188,9 @@ def rollout_batch(session, batch, step):
     step: the step number (picks the sampling seed).
 
   Returns:
-    (`grpo.UpdateBatch` of this process's rows, host arrays with the
-    optional inputs its update reads (`grpo.update_batch`), per-step
-    scalars over all processes' rows, sample texts of this process's rows, number of
-    completion tokens over all processes, the batch's `stage_update`: its
-    log-prob passes were dispatched before the rewards were computed).
+    A `RolloutResult`: its update has the optional inputs the config's
+    update reads (`grpo.update_batch`); its staged log-prob passes were
+    dispatched before the rewards were computed.
   """
   config = session.config
   g = config.grpo.num_generations
@@ -205,7 +224,7 @@ def rollout_batch(session, batch, step):
   update = grpo.update_batch(config, sequences, advantages, total,
                              session.kl_coeff)
   samples = (prompts, judging.annotate(session, _sample_texts(out)), total)
-  return update, scalars, samples, gen_tokens, staged
+  return RolloutResult(update, scalars, samples, gen_tokens, staged)
 
 
 def _generate(session, batch, seed, own):
@@ -395,7 +414,7 @@ def rollout_dynamic(session, batch, step):
   samples = tuple(
       [x for r in rounds for x in r.samples[i]] for i in range(3))
   # The rows are chosen by their rewards: nothing to stage before scoring.
-  return update, scalars, samples, gen_tokens, None
+  return RolloutResult(update, scalars, samples, gen_tokens)
 
 
 # Tokens per expert of a Gemma 4 mixture of experts on the update batch
@@ -670,17 +689,17 @@ def _train(session, ckpt, closing):
       t0 = time.perf_counter()
       rollout_fn = (rollout_dynamic if config.grpo.dynamic_sampling
                     else rollout_batch)
-      update, scalars, samples, gen_tokens, staged = rollout_fn(
-          session, batch, step)
+      result = rollout_fn(session, batch, step)
+      scalars = result.scalars
       t1 = time.perf_counter()
       keeper.updating()
-      scalars.update(update_policy(session, update, staged))
+      scalars.update(update_policy(session, result.update, result.staged))
       keeper.done(step)
       t2 = time.perf_counter()
       scalars['learning_rate'] = last_learning_rate(session)
       scalars['time/rollout_s'] = t1 - t0
       scalars['time/update_s'] = t2 - t1
-      scalars['tokens_per_s'] = gen_tokens / (t2 - t0)
+      scalars['tokens_per_s'] = result.gen_tokens / (t2 - t0)
       # Retries of the storage clients so far (429/5xx/lost connections).
       scalars['storage/retries'] = float(storage_retries.count())
       scalars.update(judging.step_scalars(session, t2 - t0))
@@ -689,7 +708,7 @@ def _train(session, ckpt, closing):
       writer.write_scalars(step, scalars)
       if jax.process_index() == 0:
         metrics_lib.write_samples(
-            writer, step, *samples, config.logging.num_sample_texts
+            writer, step, *result.samples, config.logging.num_sample_texts
         )
       report(step)
       every = config.eval.eval_every_n_steps
