@@ -126,6 +126,7 @@ class ToolFormat(abc.ABC):
       row when it samples one, and the text given to `parse` leaves it out.
     required_pieces: Control tokens the tokenizer must have as single
       pieces for this format to work (check at start-up).
+    missing_pieces_fix: What to do when the tokenizer lacks some of them.
     call_end: What the model writes right after its calls: the stop piece
       at which the host inserts `render_results`.
     turn_start: What opens a turn (the role name follows).
@@ -139,6 +140,7 @@ class ToolFormat(abc.ABC):
   name: str = ''
   stop_pieces: tuple[str, ...] = ()
   required_pieces: tuple[str, ...] = ()
+  missing_pieces_fix: str = "use agent.format='gemma3'"
   call_end: str = ''
   turn_start: str = START_OF_TURN
   turn_end: str = END_OF_TURN
@@ -549,6 +551,8 @@ class Gemma4Format(FunctionGemmaFormat):
   required_pieces = (GEMMA4_START_OF_TURN, GEMMA4_END_OF_TURN, CALL_START,
                      CALL_END, RESPONSE_START, RESPONSE_END,
                      DECLARATION_START, DECLARATION_END, ESCAPE)
+  missing_pieces_fix = ("use Gemma 4's own tokenizer (model.tokenizer_path, "
+                        "or the checkpoint's tokenizer.json)")
   call_end = RESPONSE_START
   turn_start = GEMMA4_START_OF_TURN
   turn_end = GEMMA4_END_OF_TURN

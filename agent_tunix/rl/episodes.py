@@ -565,9 +565,7 @@ def from_config(config, rollout):
              if tokenizer.piece_to_id(p) == tokenizer.unk_id()]
   if missing:
     factory.close()
-    fix = ("use Gemma 4's own tokenizer (model.tokenizer_path, or the "
-           "checkpoint's tokenizer.json)" if agent.format == 'gemma4'
-           else "use agent.format='gemma3'")
+    fix = factory.format.missing_pieces_fix
     raise ValueError(
         f'config.agent.format={agent.format!r} needs the tokens {missing}, '
         f'which the {config.model.preset} tokenizer does not have as single '
