@@ -150,7 +150,8 @@ for shape in shapes:
     sharding.place_optimizer(optimizer, mesh)
     session = dataclasses.replace(
         session, config=config, mesh=mesh, model=model, optimizer=optimizer,
-        schedule=schedule, hp=grpo.hparams_from_config(config),
+        state=dataclasses.replace(session.state, schedule=schedule),
+        hp=grpo.hparams_from_config(config),
         sampler=rollout.Rollout(
             model, session.tokenizer, config.generation.kv_cache_size,
             cpu_decode_graph=config.generation.cpu_decode_graph))

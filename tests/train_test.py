@@ -358,8 +358,8 @@ def test_log_prob_passes_are_dispatched_before_the_rewards(monkeypatch):
   scalars = train.update_policy(session, update, staged)
   assert order == ['reference_logps', 'policy_logps', 'rewards']  # No rerun.
   assert math.isfinite(scalars['loss']) and 'kl' in scalars
-  assert session.last_batch.ref_logps is staged.ref_logps
-  assert session.last_batch.old_logps is staged.old_logps
+  assert session.state.last_batch.ref_logps is staged.ref_logps
+  assert session.state.last_batch.old_logps is staged.old_logps
 
 
 def test_tiny_preset_trains_with_the_calculator_as_written(tmp_path):
@@ -373,7 +373,7 @@ def test_tiny_preset_trains_with_the_calculator_as_written(tmp_path):
   from agent_tunix.data import pipeline  # pylint: disable=g-import-not-at-top
   from agent_tunix.models import gemma  # pylint: disable=g-import-not-at-top
   _, stats = pipeline.make_train_iterator(
-      config, gemma.load_tokenizer(config.model))
+      config, gemma.load_tokenizer(config.model), turns='gemma3')
   assert stats['dropped_long_prompts'] == 0
   assert stats['num_train_examples'] == config.data.num_train_examples
   result = train.train_and_evaluate(config, str(tmp_path))

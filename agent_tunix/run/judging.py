@@ -1,6 +1,6 @@
 """The judge's part of a training step (data.task='rubric').
 
-  session.judge = judging.build(config, workdir, model, tokenizer)
+  judge = judging.build(config, workdir, model, tokenizer)  # Session.judge
   fields = judging.reward_fields(session, rows)     # rubric, reference, judge
   total, per_fn, masked = judging.mask_failed_groups(total, per_fn, g)
   scalars.update(judging.step_scalars(session, step_seconds))
@@ -92,8 +92,8 @@ def step_scalars(session, step_seconds):
     return {}
   scalars = judge.take_metrics()
   scalars['judge/masked_groups'] = float(  # Every process's groups.
-      sharding.sum_over_processes([session.judge_masked_groups])[0])
-  session.judge_masked_groups = 0
+      sharding.sum_over_processes([session.state.judge_masked_groups])[0])
+  session.state.judge_masked_groups = 0
   if step_seconds > 0:
     scalars['judge/time_share'] = scalars['judge/wall_s'] / step_seconds
   return scalars

@@ -36,15 +36,22 @@ import time
 
 from absl import logging
 from flax import nnx
+import grain
 import jax
+import ml_collections
 import numpy as np
+import optax
+import sentencepiece as spm
 
 from agent_tunix import models
 from agent_tunix import rewards
 from agent_tunix.config import validation
+from agent_tunix.judge import judge as judge_lib
 from agent_tunix.data import pipeline
 from agent_tunix.data import prompts
+from agent_tunix.models import families
 from agent_tunix.models import gemma4 as gemma4_lib
+from agent_tunix.models import tokenizer as tokenizer_lib
 from agent_tunix.observe import metrics as metrics_lib
 from agent_tunix.rl import dynamic_sampling
 from agent_tunix.rl import episode_stats
@@ -68,33 +75,54 @@ from agent_tunix.tpu import sharding
 
 
 @dataclasses.dataclass
-class Session:
-  """Everything a run builds once: model, tokenizer, data, optimizer."""
+class RunState:
+  """What a run reassigns as it goes; the rest of its `Session` stays.
 
-  config: object
+  Attributes:
+    kl_coeff: the KL coefficient the next update uses (grpo.kl_target > 0
+      adapts it; checkpointed in the step's meta).
+    schedule: the learning-rate schedule; a resumed run keeps the span it
+      started with (`resume_schedule`).
+    span: the schedule's span (schedule_lib; saved in each step's meta);
+      None: schedule_lib.first_span(config), which `setup` builds.
+    alarms: made by `run`; its state is saved.
+    last_batch: the last update batch on the mesh (for divergence checks).
+    judge_masked_groups: groups masked since the last step's log.
+  """
+
+  kl_coeff: float
+  schedule: optax.Schedule
+  span: schedule_lib.Span | None = None
+  alarms: alarms_lib.Monitor | None = None
+  last_batch: grpo.UpdateBatch | None = None
+  judge_masked_groups: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+  """What a run builds once: model, tokenizer, data, optimizer, judge.
+
+  The fields stay for the run (the model's and optimizer's arrays, the data
+  iterator's position and the judge's cache change inside them); what the
+  run reassigns is its `state`.
+  """
+
+  config: ml_collections.ConfigDict
   workdir: str
-  mesh: object
-  model: object
-  tokenizer: object
-  sampler: rollout.Rollout
+  mesh: jax.sharding.Mesh
+  model: nnx.Module
+  tokenizer: spm.SentencePieceProcessor | tokenizer_lib.JsonTokenizer
+  sampler: rollout.Rollout | episodes.EpisodeRollout
   reward_set: rewards.RewardSet
-  optimizer: object
-  schedule: object
+  optimizer: nnx.Optimizer
   hp: grpo.StepHParams
-  eval_set: list
-  train_iter: object = None
-  data_stats: dict = None
-  # The last update batch (for divergence checks).
-  last_batch: grpo.UpdateBatch = None
-  # The KL coefficient the next update uses (grpo.kl_target > 0 adapts it;
-  # checkpointed in the step's meta).
-  kl_coeff: float = 0.0
-  alarms: alarms_lib.Monitor = None  # Made by `run`; its state is saved.
-  judge: object = None  # The rubric_judge reward's judge (judging.build).
-  judge_masked_groups: int = 0  # Groups masked since the last step's log.
-  # The learning-rate schedule's span (schedule_lib; saved in each step's
-  # meta); None: schedule_lib.first_span(config), which `setup` builds.
-  span: schedule_lib.Span = None
+  eval_set: list[dict]
+  state: RunState
+  # The rubric_judge reward's judge (judging.build); None without one.
+  judge: judge_lib.Judge | None = None
+  # The train batches (`setup` with_data) and their counts.
+  train_iter: grain.DatasetIterator | None = None
+  data_stats: dict | None = None
 
 
 def step_seed(base_seed, step, sampling_round=0):
@@ -135,6 +163,8 @@ def setup(config, workdir, with_data=True):
   tx, schedule = optimizer_lib.optimizer_from_config(config)
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.LoRAParam)
   sharding.place_optimizer(optimizer, mesh)
+  # The prompts are written in the turns of the model's family.
+  turns = families.of_preset(config.model.preset).tool_format
   session = Session(
       config=config,
       workdir=workdir,
@@ -145,16 +175,19 @@ def setup(config, workdir, with_data=True):
       reward_set=rewards.RewardSet.from_config(
           config.rewards, config.generation.max_generation_steps),
       optimizer=optimizer,
-      schedule=schedule,
       hp=grpo.hparams_from_config(config),
-      eval_set=pipeline.eval_examples(config, tokenizer),
-      kl_coeff=grpo.initial_kl_coeff(config),
+      eval_set=pipeline.eval_examples(config, tokenizer, turns=turns),
+      state=RunState(kl_coeff=grpo.initial_kl_coeff(config),
+                     schedule=schedule),
       judge=judging.build(config, workdir, model, tokenizer),
   )
   if with_data:
-    session.train_iter, session.data_stats = pipeline.make_train_iterator(
-        config, tokenizer, jax.process_index(), jax.process_count()
+    train_iter, data_stats = pipeline.make_train_iterator(
+        config, tokenizer, jax.process_index(), jax.process_count(),
+        turns=turns,
     )
+    session = dataclasses.replace(session, train_iter=train_iter,
+                                  data_stats=data_stats)
   return session
 
 
@@ -222,7 +255,7 @@ def rollout_batch(session, batch, step):
     scalars.update(episode_stats.scalars(sharding.allgather_concat(
         episode_stats.row_stats(out.episodes))))
   update = grpo.update_batch(config, sequences, advantages, total,
-                             session.kl_coeff)
+                             session.state.kl_coeff)
   samples = (prompts, judging.annotate(session, _sample_texts(out)), total)
   return RolloutResult(update, scalars, samples, gen_tokens, staged)
 
@@ -274,7 +307,7 @@ def _score(session, rows, out):
   )
   total, per_fn, masked = judging.mask_failed_groups(
       total, per_fn, session.config.grpo.num_generations)
-  session.judge_masked_groups += masked
+  session.state.judge_masked_groups += masked
   bonus = session.config.agent.tool_use_bonus
   if out.episodes is not None and bonus > 0:
     per_fn['tool_use_bonus'] = episode_stats.tool_use_bonus(out.episodes, bonus)
@@ -398,7 +431,7 @@ def rollout_dynamic(session, batch, step):
       g, config.grpo.scale_rewards)
   update = grpo.update_batch(config, assembled.sequences,
                              assembled.advantages, assembled.rewards,
-                             session.kl_coeff)
+                             session.state.kl_coeff)
   scalars, gen_tokens = _scalars_of_rows({
       'total': np.concatenate([r.group_rewards.reshape(-1) for r in rounds]),
       'per_fn': {k: np.concatenate([r.per_fn[k] for r in rounds])
@@ -497,7 +530,7 @@ def update_policy(session, update, staged=None):
        'kl_coeff': update.kl_coeff}, session.mesh)
   batch = grpo.UpdateBatch.of(staged.sequences, ref_logps=staged.ref_logps,
                               old_logps=staged.old_logps, **per_row)
-  session.last_batch = batch
+  session.state.last_batch = batch
   for _ in range(config.grpo.num_iterations):
     step_metrics = grpo.train_step(
         session.model, session.optimizer, batch, session.hp
@@ -507,11 +540,11 @@ def update_policy(session, update, staged=None):
     counts = _ROUTER_STATS(session.model, batch.tokens, batch.input_mask)
     scalars.update(gemma4_lib.load_scalars(sharding.to_host(counts)))
   if session.hp.beta > 0:
-    scalars['kl_coeff'] = session.kl_coeff
+    scalars['kl_coeff'] = session.state.kl_coeff
   if config.grpo.kl_target > 0:
     # Every process sees the same global KL, so they all agree.
-    session.kl_coeff = objectives.adaptive_kl_coeff(
-        session.kl_coeff, scalars['kl'], config.grpo.kl_target,
+    session.state.kl_coeff = objectives.adaptive_kl_coeff(
+        session.state.kl_coeff, scalars['kl'], config.grpo.kl_target,
         config.grpo.kl_horizon,
         config.training.batch_size * config.grpo.num_generations,
     )
@@ -525,7 +558,7 @@ def last_learning_rate(session):
   rate the update actually used, whatever grpo.num_iterations is.
   """
   updates = int(sharding.to_host(session.optimizer.step.get_value()))
-  return float(session.schedule(max(updates - 1, 0)))
+  return float(session.state.schedule(max(updates - 1, 0)))
 
 
 def resume_schedule(session, meta):
@@ -545,26 +578,27 @@ def resume_schedule(session, meta):
   old_schedule = optimizer_lib.optimizer_from_config(
       config, (old.start, old.length))[1]
   if new != schedule_lib.first_span(config):  # Not what `setup` built.
-    tx, session.schedule = optimizer_lib.optimizer_from_config(
+    tx, session.state.schedule = optimizer_lib.optimizer_from_config(
         config, (new.start, new.length))
     session.optimizer.tx = tx
-  session.span = new
+  session.state.span = new
   logging.info('%s', schedule_lib.describe(
       config, old, new, float(old_schedule(max(updates - 1, 0))),
-      float(session.schedule(updates)), updates))
+      float(session.state.schedule(updates)), updates))
 
 
 def save(ckpt, session, step, force=False):
   """Saves `step` when due (or forced), never a diverged state."""
   if not ckpt.will_save(step, force):
     return
+  state = session.state
   divergence.check_state(step, session.model, session.optimizer,
-                         session.last_batch, session.hp, session.config, ckpt)
-  span = session.span or schedule_lib.first_span(session.config)
-  meta = {'kl_coeff': session.kl_coeff,
+                         state.last_batch, session.hp, session.config, ckpt)
+  span = state.span or schedule_lib.first_span(session.config)
+  meta = {'kl_coeff': state.kl_coeff,
           schedule_lib.META_KEY: span.to_meta()}
-  if session.alarms is not None:
-    meta['alarms'] = session.alarms.state()
+  if state.alarms is not None:
+    meta['alarms'] = state.alarms.state()
   ckpt.save(step, checkpoint.lora_state(session.model),
             checkpoint.optimizer_state(session.optimizer),
             session.train_iter, meta, force=force)
@@ -587,8 +621,8 @@ def run_eval(session, writer, step):
   if session.judge is not None:  # The evaluation's judge calls.
     scalars.update({f'eval/{k}': v
                     for k, v in session.judge.take_metrics().items()})
-  if session.alarms is not None:
-    scalars.update(session.alarms.after_eval(step, scores))
+  if session.state.alarms is not None:
+    scalars.update(session.state.alarms.after_eval(step, scores))
   writer.write_scalars(step, scalars)
   if texts and jax.process_index() == 0:
     metrics_lib.write_samples(
@@ -631,16 +665,16 @@ def run(session):
 def _train(session, ckpt, closing):
   """The train loop of `run`: checkpoints with `ckpt`, closes via `closing`."""
   config, workdir = session.config, session.workdir
-  model, optimizer = session.model, session.optimizer
+  model, optimizer, state = session.model, session.optimizer, session.state
   start = 0
-  session.alarms = alarms_lib.Monitor(config)
+  state.alarms = alarms_lib.Monitor(config)
   restored = ckpt.restore_into(model, optimizer, session.train_iter)
   ckpt.set_aside_damaged()
   if restored is not None:
     meta, start = restored
     if config.grpo.kl_target > 0 and 'kl_coeff' in meta:
-      session.kl_coeff = float(meta['kl_coeff'])
-    session.alarms.load(meta.get('alarms'))
+      state.kl_coeff = float(meta['kl_coeff'])
+    state.alarms.load(meta.get('alarms'))
     logging.info('Resumed from step %d in %s', start, workdir)
     resume_schedule(session, meta)
   writer = closing.enter_context(
@@ -704,7 +738,7 @@ def _train(session, ckpt, closing):
       scalars['storage/retries'] = float(storage_retries.count())
       scalars.update(judging.step_scalars(session, t2 - t0))
       divergence.check_scalars(step, scalars, config, ckpt)
-      scalars.update(session.alarms.update(step, scalars))
+      scalars.update(state.alarms.update(step, scalars))
       writer.write_scalars(step, scalars)
       if jax.process_index() == 0:
         metrics_lib.write_samples(
@@ -718,7 +752,7 @@ def _train(session, ckpt, closing):
       # it (reward_hacking compares consecutive evaluations).
       save(ckpt, session, step)
       preempted = guard.should_stop(step)
-      alarmed = (session.alarms.fired(step)
+      alarmed = (state.alarms.fired(step)
                  if config.training.stop_on_alarm else [])
       if preempted or alarmed:
         save(ckpt, session, step, force=True)
@@ -726,7 +760,7 @@ def _train(session, ckpt, closing):
           logging.warning(
               'Stopped after step %s by alarm %s (training.stop_on_alarm); '
               'saved in %s. %s', step, ', '.join(alarmed), ckpt.directory,
-              ' '.join(session.alarms.message(a) for a in alarmed))
+              ' '.join(state.alarms.message(a) for a in alarmed))
         else:
           logging.warning('Stopped after step %s, saved in %s; rerun the '
                           'same command to resume.', step, ckpt.directory)
