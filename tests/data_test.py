@@ -594,7 +594,7 @@ def test_eval_examples_are_held_out():
   config.model.preset = 'gemma3_1b_it'
   evals = pipeline.eval_examples(config, WordTokenizer(), turns='gemma3')
   assert len(evals) == 40
-  assert set(evals[0]) == {'prompt', 'question', 'answer'}
+  assert set(evals[0]) == {'prompt', 'question', 'answer', 'type', 'shape'}
   assert evals[0]['prompt'].startswith('<start_of_turn>user\n')
   train = {e['question'] for e in pipeline.load_examples(config, 'train')}
   assert not train & {e['question'] for e in evals}
