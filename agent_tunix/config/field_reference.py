@@ -7,14 +7,17 @@ r"""Generates docs/configuration.md, the reference of every config field.
 A field's description is the comment block written directly above its
 `config.section.field = ...` line in configs/base.py; a field assigned on the
 line right after another one, with no comment of its own, shares that field's
-description (as the AdamW betas do). The default is the value that
-`base.get_config()` returns. tests/config_test.py checks that
+description (as the AdamW betas do). A comment line `# -- Title` standing
+alone (a blank line below it) starts a group of fields within a section:
+the page gives it a `### Title` heading and a table of its own. The default
+is the value that `base.get_config()` returns. tests/config_test.py checks that
 docs/configuration.md is exactly what this module renders.
 """
 
 import ast
 import inspect
 import io
+import re
 import tokenize
 
 from absl import app
@@ -112,6 +115,41 @@ def field_comments(source):
   return fields
 
 
+_GROUP = re.compile(r'--\s+(\S.*)')
+
+
+def field_groups(source):
+  """{'section.field': title} for the first field after each `# -- Title`.
+
+  Args:
+    source: the text of configs/base.py.
+  """
+  titles = {}
+  for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+    if tok.type == tokenize.COMMENT:
+      match = _GROUP.fullmatch(tok.string[1:].strip())
+      if match:
+        titles[tok.start[0]] = match.group(1)
+  get_config = next(
+      node for node in ast.parse(source).body
+      if isinstance(node, ast.FunctionDef) and node.name == 'get_config'
+  )
+  groups, pending = {}, None
+  for node in get_config.body:
+    while titles and min(titles) < node.lineno:
+      pending = titles.pop(min(titles))
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+      continue
+    name = _field_name(node.targets[0])
+    if name is not None and pending is not None:
+      groups[name] = pending
+      pending = None
+  return groups
+
+
+_TABLE_HEAD = ['| Field | Default | Description |', '| --- | --- | --- |']
+
+
 def _cell(text):
   return text.replace('|', r'\|')
 
@@ -120,6 +158,7 @@ def render_markdown():
   """The whole page (Markdown, ending with a newline)."""
   source = inspect.getsource(base)
   comments = field_comments(source)
+  groups = field_groups(source)
   config = base.get_config()
   documented = set(comments)
   actual = {
@@ -138,8 +177,11 @@ def render_markdown():
     head, field = name.split('.')
     if head != section:
       section = head
-      out += ['', f'## {section}', '', '| Field | Default | Description |',
-              '| --- | --- | --- |']
+      out += ['', f'## {section}']
+      if name not in groups:
+        out += [''] + _TABLE_HEAD
+    if name in groups:
+      out += ['', f'### {groups[name]}', ''] + _TABLE_HEAD
     default = repr(config[head][field])
     out.append(f'| `{name}` | `{_cell(default)}` | {_cell(comment)} |')
   return '\n'.join(out) + '\n'
