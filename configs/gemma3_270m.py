@@ -12,9 +12,8 @@ evaluation of 256 held-out problems before and after training (no pass@k,
 no mid-run evaluation: on 2 shared cores one such evaluation took up to 10
 minutes). Measured: the whole run took 39 minutes (steps ~38 s,
 docs/results.md) and raised held-out accuracy from 24.6% to 46.9% (format
-96.5% -> 100%). At difficulty
-2 the base model answered 0 of 32 held-out problems (format 94%); at
-difficulty 1 its answers take ~40 tokens.
+96.5% -> 100%). At difficulty 2 the base model answered 0 of 32 held-out
+problems (format 94%); at difficulty 1 its answers take ~40 tokens.
 
 `:full` is the long run, for an accelerator: 500 steps, difficulty 2, 192
 completion tokens, 256 held-out problems evaluated every 100 steps with
