@@ -30,13 +30,19 @@ _RESERVED = {
 }
 
 _REGISTRY: dict[str, RewardFn] = {}
+# The functions whose NaN scores mark completions to mask (a failed judge
+# call), not errors.
+_MASKABLE: set[RewardFn] = set()
 
 
-def register(name: str) -> Callable[[RewardFn], RewardFn]:
+def register(name: str, *,
+             maskable: bool = False) -> Callable[[RewardFn], RewardFn]:
   """Decorator that makes a reward function available under `name`.
 
   Args:
     name: The name used in `config.rewards.functions`.
+    maskable: the function may score NaN for a completion to mask (its
+      group's advantages are zeroed; see `RewardSet`).
 
   Returns:
     A decorator that registers the function and returns it unchanged.
@@ -66,6 +72,8 @@ def register(name: str) -> Callable[[RewardFn], RewardFn]:
           'pick another name.'
       )
     _REGISTRY[name] = fn
+    if maskable:
+      _MASKABLE.add(fn)
     return fn
 
   return decorator
@@ -81,11 +89,16 @@ def lookup(name: str) -> RewardFn | None:
   return _REGISTRY.get(name)
 
 
+def is_maskable(fn: RewardFn) -> bool:
+  """Whether `fn` was registered with maskable=True."""
+  return fn in _MASKABLE
+
+
 register('format_exact')(format_lib.format_exact)
 register('format_approx')(format_lib.format_approx)
 register('answer')(math_lib.answer_match)
 register('numbers')(math_lib.number_match)
 register('tool_steps')(tool_steps_lib.tool_steps)
 register('call_numbers')(call_numbers_lib.call_numbers)
-register('rubric_judge')(rubric_lib.rubric_judge)
+register('rubric_judge', maskable=True)(rubric_lib.rubric_judge)
 register('rubric_overlap')(rubric_lib.rubric_overlap)

@@ -22,6 +22,7 @@ import numpy as np
 from agent_tunix.rewards import blame
 from agent_tunix.rewards import format as format_lib
 from agent_tunix.rewards import registry
+from agent_tunix.rewards import rubric as rubric_lib
 from agent_tunix.rewards import spec
 
 
@@ -85,6 +86,9 @@ class RewardSet:
     for name, weight in pairs:
       self._fns[name] = spec.resolve(name)
       self._weights[name] = weight
+    # The functions that may score NaN (`registry.is_maskable`).
+    self._maskable = {name for name, fn in self._fns.items()
+                      if registry.is_maskable(fn)}
     self._length_penalty = float(length_penalty)
     if self._length_penalty > 0:
       self._fns[registry.LENGTH_PENALTY] = functools.partial(
@@ -142,6 +146,8 @@ class RewardSet:
       self,
       prompts: Sequence[str],
       completions: Sequence[str],
+      *,
+      judge: rubric_lib.Judge | None = None,
       **fields: Any,
   ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Scores a batch.
@@ -149,6 +155,8 @@ class RewardSet:
     Args:
       prompts: One prompt per completion (repeated G times for a group).
       completions: The generated texts.
+      judge: The run's judge, for the functions that ask one (rubric_judge
+        gets it as its `judge` argument); None: none is passed.
       **fields: Per-completion example fields, each a sequence as long as
         `completions` (`answer`, `completion_lengths`, ...). Other values are
         passed through unchanged.
@@ -156,7 +164,7 @@ class RewardSet:
     Returns:
       (total, per_fn): `total` is float32 [N], the sum of weight * scores;
       `per_fn` maps each reward name to its unweighted float32 [N] scores.
-      A function marked `maskable` (rubric_judge) may score NaN: the
+      A function registered maskable (rubric_judge) may score NaN: the
       completion is to be masked, and its total is NaN too.
 
     Raises:
@@ -190,6 +198,8 @@ class RewardSet:
           '(token count per completion); pass it, or set '
           'rewards.overlong_buffer=0.'
       )
+    if judge is not None:
+      fields = dict(fields, judge=judge)
     total = np.zeros([size], np.float32)
     per_fn = {}
     for name, fn in self._fns.items():
@@ -197,9 +207,8 @@ class RewardSet:
       per_fn[name] = scores
       total += np.float32(self._weights[name]) * scores
     masked = np.zeros([size], bool)
-    for name, scores in per_fn.items():
-      if getattr(self._fns[name], 'maskable', False):
-        masked |= np.isnan(scores)
+    for name in self._maskable:
+      masked |= np.isnan(per_fn[name])
     if not np.all(np.isfinite(total) | masked):
       index = int(np.flatnonzero(~(np.isfinite(total) | masked))[0])
       raise blame.RewardError(
@@ -246,7 +255,7 @@ class RewardSet:
           fn_name=name,
       )
     bad = np.flatnonzero(~np.isfinite(scores))
-    if getattr(fn, 'maskable', False):
+    if name in self._maskable:
       # NaN marks a completion to mask (a failed judge call, counted).
       bad = np.flatnonzero(np.isinf(scores))
     if bad.size:

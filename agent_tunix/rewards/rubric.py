@@ -4,18 +4,29 @@
 Both read the rubric rows' fields that training passes with
 data.task='rubric': `rubric` (each completion's items, {text, weight,
 category}), `reference` (the reference answer, '' when none) and
-`question`. `rubric_judge` also gets the run's judge (`judge` field,
-built from config.judge). See docs/rubrics.md.
+`question`. `rubric_judge` also gets the run's judge (the reward set's
+`judge` argument, built from config.judge). See docs/rubrics.md.
 """
 
 from collections.abc import Mapping, Sequence
 import difflib
 import re
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 _WORD = re.compile(r'[a-z0-9]+')
+
+
+class Judge(Protocol):
+  """What `rubric_judge` asks of the run's judge (judge.Judge)."""
+
+  def task(self, question: str, reference: str, response: str,
+           items: list[Mapping[str, Any]]) -> Any:
+    """One completion's task for `score`."""
+
+  def score(self, tasks: Sequence[Any]) -> np.ndarray:
+    """float32 [N] scores; NaN where a call failed and is to be masked."""
 
 
 def rubric_judge(
@@ -25,7 +36,7 @@ def rubric_judge(
     question: Sequence[str],
     rubric: Sequence[Sequence[Mapping[str, Any]]],
     reference: Sequence[str] | None = None,
-    judge: Any = None,
+    judge: Judge | None = None,
     **unused: Any,
 ) -> np.ndarray:
   """The judge's score of each completion against its row's rubric.
@@ -38,16 +49,12 @@ def rubric_judge(
   del prompts, unused
   if judge is None:
     raise ValueError(
-        "rubric_judge needs the run's judge (the `judge` field), which "
+        "rubric_judge needs the run's judge (RewardSet's `judge`), which "
         'training builds from config.judge.')
   reference = reference or [''] * len(completions)
   tasks = [judge.task(q, r, c, list(items)) for q, r, c, items in zip(
       question, reference, completions, rubric, strict=True)]
   return judge.score(tasks)
-
-
-# The reward set lets NaN through from this function (masked failures).
-rubric_judge.maskable = True
 
 
 def _words(text):

@@ -1,7 +1,7 @@
 """The judge's part of a training step (data.task='rubric').
 
   judge = judging.build(config, workdir, model, tokenizer)  # Session.judge
-  fields = judging.reward_fields(session, rows)     # rubric, reference, judge
+  fields = judging.reward_fields(session, rows)     # rubric, reference
   total, per_fn, masked = judging.mask_failed_groups(total, per_fn, g)
   scalars.update(judging.step_scalars(session, step_seconds))
   texts = judging.annotate(session, texts)            # + the verdicts
@@ -38,13 +38,14 @@ def build(config, workdir, model, tokenizer):
 
 
 def reward_fields(session, rows):
-  """Rubric rows' reward fields: `rubric` (items), `reference`, `judge`."""
+  """Rubric rows' per-row reward fields: `rubric` (items), `reference`.
+
+  The judge goes to the reward set on its own (`RewardSet`'s `judge`).
+  """
   fields = {}
   if session.config.data.task == 'rubric':
     fields['rubric'] = [json.loads(r) for r in rows['rubric']]
     fields['reference'] = [str(r) for r in rows['reference']]
-  if getattr(session, 'judge', None) is not None:
-    fields['judge'] = session.judge
   return fields
 
 
@@ -78,7 +79,7 @@ def mask_failed_groups(total, per_fn, g):
 
 def annotate(session, texts):
   """Sample texts with the judge's verdicts on each (rubric rows)."""
-  judge = getattr(session, 'judge', None)
+  judge = session.judge
   if judge is None or len(judge.last_verdicts) != len(texts):
     return texts
   return [f'{t}\n\n[{judge.describe(i)}]' for i, t in enumerate(texts)]
@@ -87,7 +88,7 @@ def annotate(session, texts):
 def step_scalars(session, step_seconds):
   """judge/* scalars of the step (empty without a judge): counts over every
   process (a collective), wall time and latencies this process's."""
-  judge = getattr(session, 'judge', None)
+  judge = session.judge
   if judge is None:
     return {}
   scalars = judge.take_metrics()

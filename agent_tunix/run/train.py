@@ -303,6 +303,7 @@ def _score(session, rows, out):
       completion_tokens=[
           row[m > 0].tolist() for row, m in zip(out.tokens, out.mask)
       ],
+      judge=session.judge,
       **fields,
   )
   total, per_fn, masked = judging.mask_failed_groups(
