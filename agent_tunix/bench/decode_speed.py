@@ -12,6 +12,7 @@ from agent_tunix.bench import context
 from agent_tunix.bench import options
 from agent_tunix.bench import records
 from agent_tunix.models import decode
+from agent_tunix.models import tunix_adapter
 from agent_tunix.rl import rollout
 
 # Bytes of the array copied to measure memory bandwidth.
@@ -115,7 +116,6 @@ def timed_sample(sampler, prompt_tokens, steps, seed, gen):
   Returns:
     (prefill seconds, decode seconds, decode steps run, KV cache bytes).
   """
-  # pylint: disable=protected-access
   inner = sampler.sampler
   greedy = gen.temperature <= 0
   sampling = {
@@ -132,16 +132,15 @@ def timed_sample(sampler, prompt_tokens, steps, seed, gen):
         include_logits=False, forbidden_token_ids=None,
         seed=jax.random.PRNGKey(seed), beam_size=None, **sampling,
     )
-  params = inner._flattened_transformer_state
+  params = tunix_adapter.flattened_state(inner)
   t0 = records.now()
-  state = inner._compiled_prefill_fn(params, state, None, echo=False)
+  state = tunix_adapter.prefill_fn(inner)(params, state, None, echo=False)
   jax.block_until_ready(state.token_buffer)
   t1 = records.now()
   start = int(state.decoding_step)
-  state = inner._compiled_decode_fn(params, state)
+  state = tunix_adapter.decode_fn(inner)(params, state)
   jax.block_until_ready(state.token_buffer)
   t2 = records.now()
-  # pylint: enable=protected-access
   kv_bytes = int(sum(x.nbytes for x in jax.tree.leaves(state.cache)
                      if getattr(x, 'ndim', 0) >= 3))
   return t1 - t0, t2 - t1, int(state.decoding_step) - start, kv_bytes

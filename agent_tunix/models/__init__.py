@@ -19,6 +19,8 @@
                from GGUF
   lora         qwix LoRA on the policy
   decode       the sampler's graph on CPU
+  tunix_adapter  every use of tunix's private names, and the check that
+               the installed tunix is the tested version
 
 A bottom layer: modules here import only each other, never another part of
 agent_tunix.

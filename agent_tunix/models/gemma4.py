@@ -50,6 +50,7 @@ from tunix.models.gemma4 import moe as moe_lib
 from agent_tunix.models import gemma4_gguf
 from agent_tunix.models import gguf as gguf_lib
 from agent_tunix.models import lora as lora_lib
+from agent_tunix.models import tunix_adapter
 from agent_tunix.models import weights
 
 ModelConfig = model_lib.ModelConfig
@@ -232,7 +233,7 @@ class ExactTopKMoE(moe_lib.MoERagged):
     ragged dots (`_expert_lora`): the merged [E, D, 2H] weights are never
     formed.
     """
-    sizes, xs, reverse, combine = moe_lib._expert_dispatch(  # pylint: disable=protected-access
+    sizes, xs, reverse, combine = tunix_adapter.expert_dispatch(
         x, expert_choices, expert_weights)
     e, h, d = self.num_experts, self.hidden_dim, self.features
     dtype = self.config.dtype
@@ -253,7 +254,7 @@ class ExactTopKMoE(moe_lib.MoERagged):
                                total_repeat_length=out.shape[0])
     out = out * self.per_expert_scale[...].astype(out.dtype)[expert_of_row,
                                                              None]
-    out = moe_lib._expert_collect(out, reverse, combine)  # pylint: disable=protected-access
+    out = tunix_adapter.expert_collect(out, reverse, combine)
     return jnp.einsum('blkd,blk->bld', out, combine,
                       preferred_element_type=out.dtype)
 
@@ -524,10 +525,8 @@ def hf_params(hf_pairs, cfg, source_name):
     cfg: the tunix Gemma 4 ModelConfig.
     source_name: the checkpoint's path (for the log).
   """
-  # pylint: disable=g-import-not-at-top,protected-access
-  from tunix.models.gemma4 import params_safetensors as g4_safetensors
-  from tunix.utils import torch_utils
-  mapping = g4_safetensors._get_key_and_transform_mapping(cfg)
+  from tunix.utils import torch_utils  # pylint: disable=g-import-not-at-top
+  mapping = tunix_adapter.gemma4_key_mapping(cfg)
   raw, skipped = {}, 0
   for key, value in hf_pairs:
     try:
@@ -541,8 +540,7 @@ def hf_params(hf_pairs, cfg, source_name):
       value = value.reshape(reshape) if reshape else value
     raw[target] = value
   flat = {k.removesuffix('.value'): v for k, v in
-          g4_safetensors._make_preprocess_fn(cfg)(raw).items()}
-  # pylint: enable=g-import-not-at-top,protected-access
+          tunix_adapter.gemma4_preprocess_fn(cfg)(raw).items()}
   if skipped:
     logging.info('%s: skipped %d tensors outside the text decoder.',
                  source_name, skipped)

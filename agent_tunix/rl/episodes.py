@@ -28,6 +28,7 @@ from agent_tunix.agent import environment
 from agent_tunix.agent import formats
 from agent_tunix.data import pipeline
 from agent_tunix.models import decode
+from agent_tunix.models import tunix_adapter
 from agent_tunix.rl import rollout as rollout_lib
 from agent_tunix.tpu import sharding
 
@@ -270,7 +271,6 @@ class EpisodeRollout:
     `<end_of_turn>`); a row that is done writes the pad id (it waits, or
     has finished), which every later query masks out.
     """
-    # pylint: disable=protected-access
     sampler = self.rollout.sampler
     pad = self._pad
     eos = sampler.eos_ids
@@ -290,11 +290,12 @@ class EpisodeRollout:
       last = s.token_buffer[rows, step][:, None]
       attention_mask = sampler_utils.compute_attention_masks(
           step, sampler.cache_config.cache_size, s.token_buffer == pad)
-      transformer = nnx.merge(sampler._transformer_graphdef, params)
+      transformer = nnx.merge(tunix_adapter.transformer_graphdef(sampler),
+                              params)
       logits, cache = transformer(last, positions=positions, cache=s.cache,
                                   attention_mask=attention_mask)
-      n = sampler._sample(logits=logits, cache=cache, eos=eos,
-                          sampler_state=s)
+      n = tunix_adapter.sample(sampler, logits=logits, cache=cache, eos=eos,
+                               sampler_state=s)
       col = step + 1
       is_forced = forced[rows, col]
       sampled = n.token_buffer[rows, col]
@@ -312,7 +313,6 @@ class EpisodeRollout:
       )
 
     return jax.lax.while_loop(cond, body, state)
-    # pylint: enable=protected-access
 
   def _put_rows(self, x, like=None):
     """A host array of per-row values, placed like the sampler's rows (or

@@ -55,6 +55,7 @@ from agent_tunix.data import prompts as prompts_lib
 from agent_tunix.models import decode
 from agent_tunix.models import families
 from agent_tunix.models import gemma4 as gemma4_lib
+from agent_tunix.models import tunix_adapter
 from agent_tunix.tpu import sharding
 
 
@@ -211,17 +212,17 @@ class Rollout:
     if self.cpu_decode_graph:
       # tunix's jit of the decode loop, with the CPU compile options, traced
       # with models.decode's sampling.
-      decode_loop = self.sampler._decode_fn  # pylint: disable=protected-access
+      decode_loop = tunix_adapter.decode_loop(self.sampler)
 
       def decode_with_cpu_sampling(params, state):
         with decode.cpu_sampling():
           return decode_loop(params, state)
 
-      self.sampler._compiled_decode_fn = jax.jit(  # pylint: disable=protected-access
+      tunix_adapter.set_decode_fn(self.sampler, jax.jit(
           decode_with_cpu_sampling,
           donate_argnums=(1,),
           compiler_options=decode.DECODE_COMPILER_OPTIONS,
-      )
+      ))
     self.end_ids = end_token_ids(tokenizer)
     # NumPy, not a jax array on one device: a constant in every program.
     self.sampler.eos_ids = np.array(self.end_ids, np.int32)
@@ -289,9 +290,10 @@ class Rollout:
         top_p=None if greedy else float(top_p),
         top_k=None if greedy or not top_k else int(top_k),
     )
-    params = sampler._flattened_transformer_state  # pylint: disable=protected-access
+    params = tunix_adapter.flattened_state(sampler)
     if self.tunix_prefill and num_generations == 1:
-      state = sampler._compiled_prefill_fn(params, state, None, echo=False)  # pylint: disable=protected-access
+      state = tunix_adapter.prefill_fn(sampler)(params, state, None,
+                                                echo=False)
     else:
       state = self._grouped_prefill(
           params, state, num_generations=num_generations
@@ -321,7 +323,7 @@ class Rollout:
     Returns:
       The final sampling state.
     """
-    decode_loop = self.sampler._compiled_decode_fn  # pylint: disable=protected-access
+    decode_loop = tunix_adapter.decode_fn(self.sampler)
     if not self.stop_sequences:
       return decode_loop(params, state)
     num_prompt = int(state.num_input_tokens)
@@ -404,12 +406,12 @@ class Rollout:
   @property
   def decode_fn(self):
     """Jitted (params, state) -> state after the decode loop."""
-    return self.sampler._compiled_decode_fn  # pylint: disable=protected-access
+    return tunix_adapter.decode_fn(self.sampler)
 
   @property
   def params(self):
     """The sampler's flattened model state (the programs' first argument)."""
-    return self.sampler._flattened_transformer_state  # pylint: disable=protected-access
+    return tunix_adapter.flattened_state(self.sampler)
 
   def _sharded_arrays(self, prompts, key, total_steps):
     """The per-row arrays of the initial state, with sharding constraints."""
@@ -471,13 +473,13 @@ class Rollout:
     Returns:
       The sampling state of N x G rows after the first sampled token.
     """
-    # pylint: disable=protected-access
     sampler = self.sampler
     length = state.num_input_tokens
     tokens = state.token_buffer[:, :length]
     positions = state.positions[:, :length]
     input_mask = tokens != sampler.tokenizer.pad_id()
-    transformer = nnx.merge(sampler._transformer_graphdef, params)
+    transformer = nnx.merge(tunix_adapter.transformer_graphdef(sampler),
+                            params)
     cache_size = sampler.cache_config.cache_size
     if hasattr(transformer, 'get_attention_mask'):
       attention_mask = transformer.get_attention_mask(
@@ -516,13 +518,13 @@ class Rollout:
         done=grouped(state.done),
         cache=cache,
     )
-    return sampler._sample(
+    return tunix_adapter.sample(
+        sampler,
         logits=repeat(logits),
         eos=sampler.eos_ids,
         cache=cache,
         sampler_state=state,
     )
-    # pylint: enable=protected-access
 
   def completions_from_tokens(self, raw, logps=None):
     """Cuts raw sampled tokens [N, C] at the first end token or stop."""
