@@ -110,10 +110,10 @@ class Judge:
       base = self._cache_path.rsplit('/', 1)[0]
       lines = []
       for found in storage.glob(base, CACHE_FILE.replace('.jsonl', '*.jsonl')):
-        lines += storage.read_text(str(found)).splitlines()
-      if storage.exists(self._cache_path):
-        self._remote_lines = storage.read_text(
-            self._cache_path).splitlines()
+        found_lines = storage.read_text(found).splitlines()
+        lines += found_lines
+        if found == self._cache_path:  # This process's own object.
+          self._remote_lines = found_lines
     for line in lines:
       try:
         entry = json.loads(line)
