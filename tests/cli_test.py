@@ -179,3 +179,17 @@ def test_a_run_stopped_by_sigterm_exits_3_after_its_checkpoint(tmp_path):
   assert out.stderr.strip().splitlines()[-1].startswith(
       'stopped after step 1 by a signal (SIGTERM or Ctrl-C), with a '
       'checkpoint of that step in --workdir')
+
+
+def test_every_command_runs_through_cli_run():
+  """A module's `__main__` block calls `cli.run`, never absl's `app.run`
+  (whose `--help` exits 1 and whose usage errors print the whole usage)."""
+  package = _REPO / 'agent_tunix'
+  bare = []
+  for path in sorted(package.rglob('*.py')):
+    if path == package / 'cli.py':
+      continue
+    text = path.read_text()
+    if "__name__ == '__main__'" in text and 'app.run(' in text:
+      bare.append(str(path.relative_to(_REPO)))
+  assert not bare, f'app.run instead of cli.run in {bare}'

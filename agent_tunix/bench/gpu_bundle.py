@@ -32,6 +32,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from agent_tunix import cli
+
 REPO_ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
@@ -436,4 +438,4 @@ if __name__ == '__main__':
       'python_tag', '312',
       "CPython tag of the machine's interpreter: 312 for the lent GPU "
       "machine; the rehearsal passes this machine's.")
-  app.run(main)
+  cli.run(main)

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agent_tunix import cli
 from agent_tunix.bench import context
 from agent_tunix.bench import decode_speed
 from agent_tunix.bench import gpu_results
@@ -446,4 +447,4 @@ if __name__ == '__main__':
   flags.DEFINE_float('deadline', 0.0,
                      'Unix time by which every stage must have ended; 0 = '
                      'now + the sum of the stage limits.')
-  app.run(main)
+  cli.run(main)

@@ -23,6 +23,7 @@ import tokenize
 from absl import app
 from absl import flags
 
+from agent_tunix import cli
 from configs import base
 
 
@@ -199,4 +200,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)
