@@ -18,16 +18,19 @@ the groups chosen from all of them are split over the processes as one
 process would order them; the checks below then also cover that the two
 processes took the same decisions as the single one.
 
-The same runs are repeated with rubric rows judged by the in-process Gemma
-judge, whose calls are collectives over both processes, and with multi-turn
-episodes
+The runs come in two variants. In one, single-turn rubric rows are judged
+by the in-process Gemma judge, whose calls are collectives over both
+processes. In the other, multi-turn episodes
 (`episode_fixtures:ScriptedEnvironment`: every row pauses, gets text
 inserted twice and resumes in its KV cache), so the two processes must
-also insert the same tokens and produce the single process's episodes.
+also insert the same tokens and produce the single process's episodes;
+there the reward spread is the text-length fixture's, so dynamic sampling
+draws further prompts. (A third, plain single-turn variant was a subset of
+these two and was dropped to keep the suite's time.)
 
 All three processes start together and are killed if any fails or the
-deadline passes. The single-turn 2-process job's workdir is on gs:// (the
-Cloud Storage API on loopback, tests/gcs_emulator.py): both processes
+deadline passes. The episode variant's 2-process job's workdir is on gs://
+(the Cloud Storage API on loopback, tests/gcs_emulator.py): both processes
 write their parts of the checkpoints there, process 0 the lock, the
 events and the config; it is copied back to a local folder for the checks.
 """
@@ -74,7 +77,6 @@ _OVERRIDES = (
 
 # Extra overrides per variant of the runs.
 _VARIANTS = {
-    'single_turn': (),
     'episodes': (
         '--config.agent.environment=episode_fixtures:ScriptedEnvironment',
         '--config.generation.max_generation_steps=24',
@@ -98,7 +100,7 @@ _VARIANTS = {
 
 
 # The variant whose 2-process job writes to gs://.
-_ON_GCS = 'single_turn'
+_ON_GCS = 'episodes'
 
 
 def _start(name, root, devices, extra, env_extra=None):
