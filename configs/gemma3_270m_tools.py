@@ -52,6 +52,8 @@ def get_config(arg=None):
   config.training.batch_size = 4
   config.grpo.num_generations = 8
   config.grpo.entropy_coeff = 0.01
-  # 36 steps and two 256-problem evaluations: about 36 minutes on 2 cores.
+  # 36 steps and two 256-problem evaluations: 91 s a step and about
+  # 71 minutes alone on one 2-core machine, 36 on an earlier one
+  # (docs/results.md, "Seeds, threads and machines").
   config.training.num_steps = 36
   return base.apply_arg(config, arg)
