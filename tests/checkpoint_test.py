@@ -5,6 +5,8 @@ import os
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import asyncio  # pylint: disable=g-import-not-at-top
+import gc
+import logging
 import pathlib
 import signal
 import subprocess
@@ -602,6 +604,44 @@ def test_abandoned_read_hook_passes_other_errors_on(monkeypatch):
                                exc_traceback=e.__traceback__.tb_next,
                                err_msg=None, object=None))
   assert seen == [closed, other]
+
+
+def _leave_exception_unread(read):
+  """Runs `read()` as a task to its exception; no one reads it."""
+  loop = asyncio.new_event_loop()
+  task = loop.create_task(read())
+  loop.run_until_complete(asyncio.sleep(0.01))
+  assert task.done()
+  loop.close()
+  del task
+  gc.collect()  # Task.__del__ logs 'Task exception was never retrieved'.
+
+
+def test_unread_exceptions_of_abandoned_reads_are_not_logged(caplog):
+  checkpoint.quiet_abandoned_reads()
+  checkpoint.quiet_abandoned_reads()
+  asyncio_logger = logging.getLogger('asyncio')
+  assert sum(getattr(f, 'drops_abandoned_reads', False)
+             for f in asyncio_logger.filters) == 1  # Installed once.
+
+  async def orbax_read():
+    raise ValueError('read cut short')
+
+  # A frame in Orbax's reading code, as in a real abandoned read.
+  orbax_read.__code__ = orbax_read.__code__.replace(
+      co_filename='/venv/lib/python3.11/site-packages/orbax/checkpoint/'
+      '_src/serialization/serialization.py')
+
+  async def other_read():
+    raise ValueError('some other failure')
+
+  with caplog.at_level(logging.ERROR, logger='asyncio'):
+    _leave_exception_unread(orbax_read)
+    _leave_exception_unread(other_read)
+  # The other task's error is still logged, with its traceback.
+  assert caplog.text.count('Task exception was never retrieved') == 1
+  assert 'some other failure' in caplog.text and 'Traceback' in caplog.text
+  assert 'read cut short' not in caplog.text
 
 
 def test_leaving_on_an_error_finishes_the_background_write(tmp_path):

@@ -15,6 +15,7 @@ calls `set_aside_damaged()`. Signals and errors: preemption.py.
 Design notes: docs/resuming.md, 'How checkpoints are saved and restored'.
 """
 
+import logging as logging_lib
 import sys
 import time
 from typing import Any, NamedTuple
@@ -82,10 +83,57 @@ def _drop_abandoned_reads(previous):
   return hook
 
 
+# How asyncio's default exception handler opens the message it logs for a
+# finished task or future whose exception no one read.
+_UNREAD_EXCEPTION_MESSAGES = ('Task exception was never retrieved',
+                              'Future exception was never retrieved')
+
+
+def _raised_in_orbax(traceback):
+  """Whether a traceback passes through an Orbax checkpoint frame."""
+  while traceback is not None:
+    path = traceback.tb_frame.f_code.co_filename.replace('\\', '/')
+    if '/orbax/checkpoint/' in path:
+      return True
+    traceback = traceback.tb_next
+  return False
+
+
+class _UnreadAbandonedReads(logging_lib.Filter):
+  """Drops asyncio's 'exception was never retrieved' for Orbax's reads.
+
+  The third kind (docs/resuming.md): a read that failed in the same loop
+  iteration as the one that ended the restore; its task's exception is
+  never read, and asyncio logs its traceback when the task is collected.
+  """
+
+  drops_abandoned_reads = True
+
+  def filter(self, record):
+    exc_info = record.exc_info
+    if (isinstance(record.msg, str)
+        and record.msg.startswith(_UNREAD_EXCEPTION_MESSAGES)
+        and exc_info and exc_info[2] is not None
+        and _raised_in_orbax(exc_info[2])):
+      logging.debug('Late error of an abandoned checkpoint read (its '
+                    'restore already failed): %s: %s',
+                    exc_info[0].__name__, _shorten(str(exc_info[1])))
+      return False
+    return True
+
+
 def quiet_abandoned_reads():
-  """Installs `_drop_abandoned_reads` as sys.unraisablehook (once)."""
+  """Installs the abandoned-read filters (once each).
+
+  `_drop_abandoned_reads` as sys.unraisablehook, and `_UnreadAbandonedReads`
+  on the 'asyncio' logger.
+  """
   if not getattr(sys.unraisablehook, 'drops_abandoned_reads', False):
     sys.unraisablehook = _drop_abandoned_reads(sys.unraisablehook)
+  asyncio_logger = logging_lib.getLogger('asyncio')
+  if not any(getattr(f, 'drops_abandoned_reads', False)
+             for f in asyncio_logger.filters):
+    asyncio_logger.addFilter(_UnreadAbandonedReads())
 
 
 class Restored(NamedTuple):
