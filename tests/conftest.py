@@ -7,12 +7,29 @@ Subprocesses started by tests inherit these variables.
 """
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = (
       os.environ.get('XLA_FLAGS', '') + ' --xla_backend_optimization_level=0'
   ).strip()
+
+# One persistent XLA compilation cache for the whole run, shared by both
+# pytest-xdist workers and every subprocess a test starts (they inherit the
+# variable): the tiny presets' programs are compiled once, not once per
+# `agent_tunix.main` a test runs. The controller creates it before the
+# workers start and removes it at the end; a cache set by the caller is
+# used as it is and kept.
+_OWN_CACHE_VAR = 'AGENT_TUNIX_TEST_OWNS_JAX_CACHE'
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(
+      prefix='agent_tunix_test_jax_cache_')
+  os.environ[_OWN_CACHE_VAR] = str(os.getpid())
+# Programs that compile in under half a second are not worth a disk round
+# trip.
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
 
 # The longest files (minutes each on 2 cores), longest first. With `-n 2
 # --dist loadfile` every file runs whole on one worker, in collection
@@ -34,6 +51,12 @@ def pytest_configure(config):
   config.addinivalue_line(
       'markers', 'slow: a test of the long files (tests/conftest.py '
       "_LONG_FILES); -m 'not slow' leaves them out")
+
+
+def pytest_unconfigure(config):
+  del config
+  if os.environ.get(_OWN_CACHE_VAR) == str(os.getpid()):
+    shutil.rmtree(os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):

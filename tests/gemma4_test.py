@@ -242,14 +242,22 @@ def test_greedy_sampling_equals_the_full_forward(policy):
   steps = 6
   out = sampler.generate(prompt, steps, seed=0)
   assert not sampler.cpu_decode_graph  # A Gemma 3 only graph.
-  tokens = jnp.asarray(prompt)
+  # Full forwards over a fixed-width buffer (one compile): causal attention
+  # keeps the zeros after position i out of the logits at i.
+  width = prompt.shape[1] + steps
+  tokens = jnp.zeros((len(rows), width), jnp.int32).at[
+      :, :prompt.shape[1]].set(prompt)
   mask = tokens != 0
-  for _ in range(steps):
+
+  @nnx.jit
+  def forward(model, tokens, mask):
     attn = logprobs.causal_attention_mask(mask)
-    logits, _ = model(tokens, logprobs.positions_from_mask(mask), None, attn)
-    nxt = jnp.argmax(logits[:, -1], axis=-1)[:, None]
-    tokens = jnp.concatenate([tokens, nxt], axis=1)
-    mask = jnp.concatenate([mask, jnp.ones_like(nxt, bool)], axis=1)
+    return model(tokens, logprobs.positions_from_mask(mask), None, attn)[0]
+
+  for i in range(prompt.shape[1], width):
+    nxt = jnp.argmax(forward(model, tokens, mask)[:, i - 1], axis=-1)
+    tokens = tokens.at[:, i].set(nxt)
+    mask = mask.at[:, i].set(True)
   full = np.asarray(tokens[:, prompt.shape[1]:])
   for row in range(len(rows)):
     n = int(out.lengths[row])
