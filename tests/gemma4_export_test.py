@@ -51,8 +51,9 @@ def trained(tmp_path_factory):
   root = tmp_path_factory.mktemp('g4')
   workdir, output = str(root / 'run'), str(root / 'hf')
   for args in (
+      # pass@k off: evaluation's sampled decode is not what these check.
       ['agent_tunix.main', '--config=configs/tiny_gemma4.py',
-       f'--workdir={workdir}'],
+       '--config.eval.pass_at_k=0', f'--workdir={workdir}'],
       ['agent_tunix.export', '--config=configs/tiny_gemma4.py',
        f'--workdir={workdir}', '--format=merged', f'--output={output}'],
   ):
@@ -393,7 +394,7 @@ def test_tiny_moe_trains_two_steps_and_logs_expert_load(tmp_path):
   done = subprocess.run(
       [sys.executable, '-m', 'agent_tunix.main',
        '--config=configs/tiny_gemma4.py:model.preset=tiny_gemma4_moe',
-       '--config.model.lora_experts=True',
+       '--config.model.lora_experts=True', '--config.eval.pass_at_k=0',
        f'--workdir={tmp_path}'],
       cwd=_REPO, env=_env(), capture_output=True, text=True, timeout=600,
       check=False)
