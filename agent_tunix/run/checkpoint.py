@@ -63,8 +63,12 @@ def _is_abandoned_read(unraisable):
       == 'call_soon_threadsafe'):
     return True
   code = getattr(unraisable.object, 'cr_code', None)
-  path = getattr(code, 'co_filename', '').replace('\\', '/')
-  return '/orbax/checkpoint/' in path
+  return _is_orbax_file(getattr(code, 'co_filename', ''))
+
+
+def _is_orbax_file(filename):
+  """Whether a code object's file is Orbax's checkpoint code."""
+  return '/orbax/checkpoint/' in filename.replace('\\', '/')
 
 
 def _drop_abandoned_reads(previous):
@@ -92,8 +96,7 @@ _UNREAD_EXCEPTION_MESSAGES = ('Task exception was never retrieved',
 def _raised_in_orbax(traceback):
   """Whether a traceback passes through an Orbax checkpoint frame."""
   while traceback is not None:
-    path = traceback.tb_frame.f_code.co_filename.replace('\\', '/')
-    if '/orbax/checkpoint/' in path:
+    if _is_orbax_file(traceback.tb_frame.f_code.co_filename):
       return True
     traceback = traceback.tb_next
   return False
