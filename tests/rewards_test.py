@@ -17,6 +17,7 @@ from agent_tunix.rewards import call_numbers as call_numbers_rewards
 from agent_tunix.rewards import format as format_rewards
 from agent_tunix.rewards import math as math_rewards
 from agent_tunix.rewards import registry
+from agent_tunix.rewards import tool_result as tool_result_rewards
 from agent_tunix.rewards import tool_steps as tool_steps_rewards
 from agent_tunix.rl import evaluation
 
@@ -381,7 +382,7 @@ def test_parse_spec(spec, expected):
         ('anwser=1', "unknown reward 'anwser'.*Did you mean 'answer'"),
         ('bogus=1', 'Built-in rewards: answer, call_numbers, format_approx, '
                     'format_exact, numbers, rubric_judge, rubric_overlap, '
-                    'tool_steps; for '
+                    'tool_result, tool_steps; for '
                     'your own function'),
         ('answer=abc', "'answer=abc': weight 'abc' is not a finite number"),
         ('answer=nan', "weight 'nan' is not a finite number"),
@@ -902,6 +903,53 @@ def test_call_numbers_reads_the_question_as_written():
   assert _one(fn, 'x', question='Sam pays $1,200.',
               tool_calls=[_call('1200 - 1_200')]) == 1.0
   assert rewards.resolve('call_numbers') is fn
+
+
+# ------------------------------------------------------------ tool_result
+
+
+@pytest.mark.parametrize('completion, calls, expected', [
+    ('<answer>1144</answer>', [_call('12 * 12 + 1000')], 1.0),
+    # Edited after the call: the seed-7 drift docs/results.md describes.
+    ('<answer>1200</answer>', [_call('12 * 12 + 1000')], 0.0),
+    ('<answer> 1,144 </answer>', [_call('12 * 12 + 1000')], 1.0),
+    ('<answer>1144 apples</answer>', [_call('12 * 12 + 1000')], 0.0),
+    ('The total is 1144.', [_call('12 * 12 + 1000')], 0.0),
+    # The last call that ran counts, not an earlier one.
+    ('<answer>144</answer>', [_call('12 * 12'), _call('144 + 1000')], 0.0),
+    ('<answer>1144</answer>', [_call('12 * 12'), _call('144 + 1000')], 1.0),
+    ('<answer>144</answer>',
+     [_call('12 * 12'), _call('144 + 1000', error='timeout')], 1.0),
+    # Recomputed exactly: 10 / 3 is not its 12-digit rounding.
+    ('<answer>3.33333333333</answer>', [_call('10 / 3')], 0.0),
+    ('<answer>2.5</answer>', [_call('10 / 4')], 1.0),
+    ('<answer>1144</answer>', [_call('12 * 12 + 1000', name='search')], 0.0),
+    ('<answer>1144</answer>', [], 0.0),
+])
+def test_tool_result_pays_an_answer_that_is_the_last_result(
+    completion, calls, expected):
+  assert _one(tool_result_rewards.tool_result, completion,
+              tool_calls=calls) == expected
+
+
+def test_tool_result_is_zero_without_tools_and_is_registered():
+  fn = tool_result_rewards.tool_result
+  assert fn(['p'], ['<answer>4</answer>']) == [0.0]
+  assert rewards.resolve('tool_result') is fn
+  # In a weighted set beside the preset's rewards, an all-wrong group
+  # that copied the result scores above one that edited it, and a right
+  # answer above both.
+  config = _base_config().rewards
+  config.functions += ',tool_result=1'
+  reward_set = rewards.RewardSet.from_config(config)
+  done = '<reasoning>r</reasoning><answer>{}</answer>'
+  total, per_fn = reward_set(
+      ['p'] * 3, [done.format(1144), done.format(1200), done.format(2000)],
+      answer=['2000'] * 3, question=['q'] * 3,
+      tool_calls=[[_call('12 * 12 + 1000')], [_call('12 * 12 + 1000')],
+                  [_call('1000 + 1000')]])
+  assert list(per_fn['tool_result']) == [1.0, 0.0, 1.0]
+  assert total[2] > total[0] > total[1]
 
 
 def test_tool_steps_reads_gsm8k_annotations():

@@ -14,8 +14,8 @@ takes the fields it needs and ignores the rest through `**kwargs`.
 Modules: registry (`register`, `registered_names`), spec (`parse_spec`,
 `resolve`), reward_set (`RewardSet`) and blame (`RewardError`), whose
 names are re-exported here; format and math (the tag format, length and
-numeric-answer rewards), call_numbers and tool_steps (calculator calls),
-rubric (`rubric_judge`, `rubric_overlap`).
+numeric-answer rewards), call_numbers, tool_steps and tool_result
+(calculator calls), rubric (`rubric_judge`, `rubric_overlap`).
 
 Design notes: docs/rewards.md.
 """

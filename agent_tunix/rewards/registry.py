@@ -2,9 +2,9 @@
 
 A registered name can be written in `config.rewards.functions` without a
 module path. The built-in rewards (format_exact, format_approx, answer,
-numbers, tool_steps, call_numbers, rubric_judge, rubric_overlap) are
-registered when this module is imported, which importing
-`agent_tunix.rewards` does.
+numbers, tool_steps, call_numbers, tool_result, rubric_judge,
+rubric_overlap) are registered when this module is imported, which
+importing `agent_tunix.rewards` does.
 """
 
 from collections.abc import Callable, Sequence
@@ -13,6 +13,7 @@ from agent_tunix.rewards import call_numbers as call_numbers_lib
 from agent_tunix.rewards import format as format_lib
 from agent_tunix.rewards import math as math_lib
 from agent_tunix.rewards import rubric as rubric_lib
+from agent_tunix.rewards import tool_result as tool_result_lib
 from agent_tunix.rewards import tool_steps as tool_steps_lib
 
 RewardFn = Callable[..., Sequence[float]]
@@ -100,5 +101,6 @@ register('answer')(math_lib.answer_match)
 register('numbers')(math_lib.number_match)
 register('tool_steps')(tool_steps_lib.tool_steps)
 register('call_numbers')(call_numbers_lib.call_numbers)
+register('tool_result')(tool_result_lib.tool_result)
 register('rubric_judge', maskable=True)(rubric_lib.rubric_judge)
 register('rubric_overlap')(rubric_lib.rubric_overlap)
