@@ -13,9 +13,10 @@ checkpointing every step:
 Every metric except wall-clock timings must equal A's exactly, the
 alarms' included (one of them fires across the kill), and the adaptive KL
 coefficient `kl_coeff` (it changes every step and lives in the
-checkpoint). A and B run
-side by side, then B's resume and C; each pair shares a JAX compilation
-cache directory with its predecessor, so later runs skip most compiling.
+checkpoint). B starts once A has saved its first checkpoint, so that B
+finds A's programs in the suite's JAX compilation cache (tests/conftest.py)
+instead of compiling them beside it; then B's resume and C run side by
+side.
 The rewards include `reward_fixtures:text_length_some_answers` so the
 policy really trains (with the default rewards a random model scores the
 same on every completion and nothing would change between steps).
@@ -96,13 +97,11 @@ def _command(workdir, extra=()):
   ]
 
 
-def _start(workdir, log_path, cache_dir, extra=()):
+def _start(workdir, log_path, extra=()):
   env = dict(os.environ)
   env['PYTHONPATH'] = os.pathsep.join(
       [str(_REPO), str(_TESTS)] +
       ([env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
-  env['JAX_COMPILATION_CACHE_DIR'] = str(cache_dir)
-  env['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
   with open(log_path, 'wb') as log:
     return subprocess.Popen(
         _command(workdir, extra), cwd=_REPO, env=env, stdout=log,
@@ -133,8 +132,8 @@ def _complete_steps(workdir):
   return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
-def _kill_after_checkpoint(proc, workdir, log_path, step, deadline):
-  """SIGKILLs `proc` once checkpoint `step` is complete; returns the steps."""
+def _await_checkpoint(proc, workdir, log_path, step, deadline):
+  """Returns once checkpoint `step` of `proc`'s run is complete."""
   while step not in _complete_steps(workdir):
     if proc.poll() is not None:
       pytest.fail(f'{log_path.name} ended ({proc.returncode}) before '
@@ -144,6 +143,11 @@ def _kill_after_checkpoint(proc, workdir, log_path, step, deadline):
       proc.wait()
       pytest.fail(f'No checkpoint {step} in time:\n{_tail(log_path)}')
     time.sleep(0.05)
+
+
+def _kill_after_checkpoint(proc, workdir, log_path, step, deadline):
+  """SIGKILLs `proc` once checkpoint `step` is complete; returns the steps."""
+  _await_checkpoint(proc, workdir, log_path, step, deadline)
   time.sleep(0.2)  # Let the save return; the kill lands in the next step.
   still_running = proc.poll() is None
   os.kill(proc.pid, signal.SIGKILL)
@@ -205,13 +209,14 @@ def runs(tmp_path_factory):
   root = tmp_path_factory.mktemp('resume')
   a, b, c = root / 'A', root / 'B', root / 'C'
   logs = {name: root / f'{name}.log' for name in ('A', 'B1', 'B2', 'C')}
-  cache_a, cache_b = root / 'jax_cache_a', root / 'jax_cache_b'
   procs = []
   try:
     deadline = time.monotonic() + _TIMEOUT_S
-    proc_a = _start(a, logs['A'], cache_a)
+    proc_a = _start(a, logs['A'])
     procs.append(proc_a)
-    proc_b = _start(b, logs['B1'], cache_b)
+    # By its first checkpoint A has compiled every program B needs.
+    _await_checkpoint(proc_a, a, logs['A'], 1, deadline)
+    proc_b = _start(b, logs['B1'])
     procs.append(proc_b)
     b_steps_at_kill = _kill_after_checkpoint(
         proc_b, b, logs['B1'], _KILL_AFTER, deadline)
@@ -224,9 +229,9 @@ def runs(tmp_path_factory):
     damaged = _snapshot(c / 'checkpoints' / str(_NUM_STEPS))
 
     deadline = time.monotonic() + _TIMEOUT_S
-    proc_b2 = _start(b, logs['B2'], cache_b)
+    proc_b2 = _start(b, logs['B2'])
     procs.append(proc_b2)
-    proc_c = _start(c, logs['C'], cache_a)
+    proc_c = _start(c, logs['C'])
     procs.append(proc_c)
     _wait(proc_b2, logs['B2'], deadline)
     _wait(proc_c, logs['C'], deadline)
@@ -360,19 +365,19 @@ def episode_runs(tmp_path_factory):
   root = tmp_path_factory.mktemp('resume_episodes')
   a, b = root / 'A', root / 'B'
   logs = {name: root / f'{name}.log' for name in ('A', 'B1', 'B2')}
-  cache = root / 'jax_cache'
   procs = []
   try:
     deadline = time.monotonic() + _TIMEOUT_S
-    proc_a = _start(a, logs['A'], cache, _EPISODES)
+    proc_a = _start(a, logs['A'], _EPISODES)
     procs.append(proc_a)
-    proc_b = _start(b, logs['B1'], cache, _EPISODES)
+    _await_checkpoint(proc_a, a, logs['A'], 1, deadline)
+    proc_b = _start(b, logs['B1'], _EPISODES)
     procs.append(proc_b)
     steps = _kill_after_checkpoint(proc_b, b, logs['B1'], _KILL_AFTER,
                                    deadline)
     killed_files = _event_files(b)
     _wait(proc_a, logs['A'], deadline)
-    proc_b2 = _start(b, logs['B2'], cache, _EPISODES)
+    proc_b2 = _start(b, logs['B2'], _EPISODES)
     procs.append(proc_b2)
     _wait(proc_b2, logs['B2'], time.monotonic() + _TIMEOUT_S)
   finally:
