@@ -384,9 +384,10 @@ def test_pod_life_on_local_workers(tmp_path, gcs, pod):
           == json.loads(_read_object(gcs, f'reference/{last}')))
 
   # The next commands a user runs read the same bucket, here: the final
-  # evaluation, and the curves drawn into a PNG on gs://.
-  env = dict(os.environ, **gcs.env,
-             JAX_COMPILATION_CACHE_DIR=str(tmp_path / 'jax_cache'))
+  # evaluation, and the curves drawn into a PNG on gs://. They use the
+  # suite's compilation cache (tests/conftest.py), where resume_test's
+  # evaluate of the same config may have left the one-process programs.
+  env = dict(os.environ, **gcs.env)
   evaluated = subprocess.run(
       [sys.executable, '-m', 'agent_tunix.evaluate',
        '--config=configs/tiny.py', f'--workdir={workdir}'], cwd=_REPO,
