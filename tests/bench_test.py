@@ -262,33 +262,21 @@ def test_episode_layout_too_short_is_skipped():
     episode_speed.layout(8, 26, 3)
 
 
-@pytest.fixture(scope='module')
-def episode_record(tmp_path_factory, monkeypatch_module):
-  """The episodes section on --quick's tiny config, in this process."""
-  monkeypatch_module.setattr(options.STEPS, 'value', 2)
+def test_episode_section_measures_both_rollouts(quick):
+  """The quick run's episodes section (its columns: QUICK_EPISODE_STEPS)."""
+  m = _by_name(quick[0])['episode_rollout']
   config = context.quick_config()
-  ctx = context.build_context(config, str(tmp_path_factory.mktemp('ep')))
-  return episode_speed.episode_measurement(ctx, 48), config
-
-
-@pytest.fixture(scope='module')
-def monkeypatch_module():
-  with pytest.MonkeyPatch.context() as patch:
-    yield patch
-
-
-def test_episode_section_measures_both_rollouts(episode_record):
-  m, config = episode_record
+  columns = options.QUICK_EPISODE_STEPS
   assert set(m) == MEASUREMENT_KEYS
   assert (m['name'], m['sections'], m['status']) == (
       'episode_rollout', ['episodes'], 'ok')
   s, ours, peer = m['settings'], m['ours'], m['peer']
   rows = config.training.batch_size * config.grpo.num_generations
-  assert s['rows'] == rows and s['columns'] == 48
+  assert s['rows'] == rows and s['columns'] == columns
   assert (s['inserts'] * (s['turn_tokens'] + s['insert_tokens']) +
-          s['last_turn_tokens']) == 48
+          s['last_turn_tokens']) == columns
   # Every column counts, sampled and inserted, on both sides.
-  assert ours['columns_per_step'] == peer['columns_per_step'] == rows * 48
+  assert ours['columns_per_step'] == peer['columns_per_step'] == rows * columns
   for side in (ours, peer):
     assert len(side['steps_s']) == 2 and len(side['warmup_steps_s']) == 1
     assert math.isclose(side['tokens_per_s'],
@@ -303,7 +291,7 @@ def test_episode_section_measures_both_rollouts(episode_record):
   k = s['inserts']
   assert k >= 1 and ours['turns_mean'] == k + 1
   assert ours['insert_tokens_mean'] == k * s['insert_tokens']
-  assert ours['model_tokens_mean'] + ours['insert_tokens_mean'] == 48
+  assert ours['model_tokens_mean'] + ours['insert_tokens_mean'] == columns
   assert ours['decode_calls_steps'] == [k + 1, k + 1]
   assert ours['decode_calls'] == k + 1
   assert ours['decode_compiles'] == 1, ours['decode_program']
