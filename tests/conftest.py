@@ -54,6 +54,14 @@ def pytest_configure(config):
   config.addinivalue_line(
       'markers', 'slow: a test of the long files (tests/conftest.py '
       "_LONG_FILES); -m 'not slow' leaves them out")
+  # pytest-xdist (3.x) hands out files with the most tests first unless
+  # told not to: that put the long files, which have few tests each
+  # (resume_test 5, multihost_test 2), at the end of the run, one of them
+  # often running alone while the other worker sat idle. Keep the order
+  # below (the --no-loadscope-reorder flag, set here so that every
+  # command line gets it).
+  if hasattr(config.option, 'loadscopereorder'):
+    config.option.loadscopereorder = False
 
 
 def pytest_unconfigure(config):
