@@ -30,8 +30,8 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
 # Every program, however small: a tiny run's model build compiles ~150
 # small ones (well under half a second each) that a later process would
 # compile again. Caching them too took the fast tier from 588 to 529
-# CPU-seconds (measured side by side on one loaded machine), and a warm
-# `agent_tunix.main` of configs/tiny.py from ~20 to ~14.
+# CPU-seconds (measured back to back under the same load), and a warm
+# `agent_tunix.main` of configs/tiny.py from about 21 to about 13.
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 
 # The longest files (minutes each on 2 cores), longest first. With `-n 2

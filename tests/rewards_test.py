@@ -905,6 +905,12 @@ def test_call_numbers_reads_the_question_as_written():
   assert rewards.resolve('call_numbers') is fn
 
 
+def test_tool_steps_reads_gsm8k_annotations():
+  results = tool_steps_rewards.reference_results(
+      'She sold 48/2 = <<48/2=24>>24 clips, then $1,200 = 1,200 more.')
+  assert results == {24, 1200}
+
+
 # ------------------------------------------------------------ tool_result
 
 
@@ -950,9 +956,3 @@ def test_tool_result_is_zero_without_tools_and_is_registered():
                   [_call('1000 + 1000')]])
   assert list(per_fn['tool_result']) == [1.0, 0.0, 1.0]
   assert total[2] > total[0] > total[1]
-
-
-def test_tool_steps_reads_gsm8k_annotations():
-  results = tool_steps_rewards.reference_results(
-      'She sold 48/2 = <<48/2=24>>24 clips, then $1,200 = 1,200 more.')
-  assert results == {24, 1200}
