@@ -6,9 +6,12 @@ results that the tests compare (every comparison is made within one run).
 Subprocesses started by tests inherit these variables.
 """
 
+import logging
 import os
 import shutil
 import tempfile
+
+import pytest
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
@@ -62,6 +65,23 @@ def pytest_configure(config):
   # command line gets it).
   if hasattr(config.option, 'loadscopereorder'):
     config.option.loadscopereorder = False
+
+
+@pytest.fixture(autouse=True)
+def _absl_logger_level_as_found():
+  """Puts absl's logger level back after each test.
+
+  absl's `logging.set_verbosity` sets that logger's own level when absl's
+  handler is not installed (as under pytest): a test that sets the
+  verbosity and then "restores" it leaves the logger at WARNING (verbosity
+  -1), where it was NOTSET, and a later test on the same worker that reads
+  INFO lines through caplog sees none. Which tests share a worker depends
+  on xdist's scheduling, so such a leak shows up only on some runs.
+  """
+  absl_logger = logging.getLogger('absl')
+  level = absl_logger.level
+  yield
+  absl_logger.setLevel(level)
 
 
 def pytest_unconfigure(config):
