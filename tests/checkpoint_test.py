@@ -606,15 +606,28 @@ def test_abandoned_read_hook_passes_other_errors_on(monkeypatch):
   assert seen == [closed, other]
 
 
-def _leave_exception_unread(read):
-  """Runs `read()` as a task to its exception; no one reads it."""
+def _leave_exception_unread(read, gather=False):
+  """Runs `read()` to its exception, in a task or in a gather; no one reads it.
+
+  Args:
+    read: An async function that raises.
+    gather: Wrap the task in asyncio.gather: then the gather's future, not
+      the task, holds the unread exception.
+  """
   loop = asyncio.new_event_loop()
-  task = loop.create_task(read())
+
+  async def start():
+    task = asyncio.ensure_future(read())
+    return asyncio.gather(task) if gather else task
+
+  future = loop.run_until_complete(start())
   loop.run_until_complete(asyncio.sleep(0.01))
-  assert task.done()
+  assert future.done()
   loop.close()
-  del task
-  gc.collect()  # Task.__del__ logs 'Task exception was never retrieved'.
+  del future
+  # Its __del__ logs 'Task exception was never retrieved' (or
+  # '_GatheringFuture exception ...').
+  gc.collect()
 
 
 def test_unread_exceptions_of_abandoned_reads_are_not_logged(caplog):
@@ -637,10 +650,16 @@ def test_unread_exceptions_of_abandoned_reads_are_not_logged(caplog):
 
   with caplog.at_level(logging.ERROR, logger='asyncio'):
     _leave_exception_unread(orbax_read)
+    _leave_exception_unread(orbax_read, gather=True)
     _leave_exception_unread(other_read)
-  # The other task's error is still logged, with its traceback.
-  assert caplog.text.count('Task exception was never retrieved') == 1
-  assert 'some other failure' in caplog.text and 'Traceback' in caplog.text
+    _leave_exception_unread(other_read, gather=True)
+  # The other read's errors are still logged, with their tracebacks.
+  assert sorted(r.getMessage().split('\n')[0] for r in caplog.records) == [
+      'Task exception was never retrieved',
+      '_GatheringFuture exception was never retrieved']
+  assert all('some other failure' in str(r.exc_info[1])
+             for r in caplog.records)
+  assert 'Traceback' in caplog.text
   assert 'read cut short' not in caplog.text
 
 

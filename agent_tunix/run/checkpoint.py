@@ -87,10 +87,11 @@ def _drop_abandoned_reads(previous):
   return hook
 
 
-# How asyncio's default exception handler opens the message it logs for a
-# finished task or future whose exception no one read.
-_UNREAD_EXCEPTION_MESSAGES = ('Task exception was never retrieved',
-                              'Future exception was never retrieved')
+# How asyncio's default exception handler ends the first line of the message
+# it logs for a finished task or future whose exception no one read; the
+# line opens with the class name: 'Task', 'Future', '_GatheringFuture' (the
+# future of an asyncio.gather whose reads failed).
+_UNREAD_EXCEPTION_MESSAGE = ' exception was never retrieved'
 
 
 def _raised_in_orbax(traceback):
@@ -106,8 +107,9 @@ class _UnreadAbandonedReads(logging_lib.Filter):
   """Drops asyncio's 'exception was never retrieved' for Orbax's reads.
 
   The third kind (docs/resuming.md): a read that failed in the same loop
-  iteration as the one that ended the restore; its task's exception is
-  never read, and asyncio logs its traceback when the task is collected.
+  iteration as the one that ended the restore; the exception of its task,
+  or of the asyncio.gather future over its reads, is never read, and
+  asyncio logs its traceback when that object is collected.
   """
 
   drops_abandoned_reads = True
@@ -115,7 +117,7 @@ class _UnreadAbandonedReads(logging_lib.Filter):
   def filter(self, record):
     exc_info = record.exc_info
     if (isinstance(record.msg, str)
-        and record.msg.startswith(_UNREAD_EXCEPTION_MESSAGES)
+        and record.msg.split('\n', 1)[0].endswith(_UNREAD_EXCEPTION_MESSAGE)
         and exc_info and exc_info[2] is not None
         and _raised_in_orbax(exc_info[2])):
       logging.debug('Late error of an abandoned checkpoint read (its '
