@@ -59,8 +59,9 @@ def get_config(arg=None):
   # A checkpoint every 6 steps (39 MB each; 3 kept): the run is over an
   # hour on CPU, and one killed without SIGTERM (out of memory) would
   # otherwise lose every step since its start. Orbax writes in the
-  # background, but each save first runs the policy over the step's batch
-  # (no diverged state is saved): 24 s a save alone on 2 cores, about 2
-  # minutes over the 5 mid-run saves (docs/results.md).
+  # background, but each save first checks the state (a forward over the
+  # step's batch, so that no diverged state is saved) and checksums it:
+  # 24 s a save alone on 2 cores, about 2 minutes over the 5 mid-run saves
+  # (docs/results.md).
   config.checkpoint.save_interval_steps = 6
   return base.apply_arg(config, arg)
