@@ -74,6 +74,8 @@ def test_top_level_and_machine(quick):
   assert isinstance(machine['device_kind'], str)
   assert machine['device_count'] >= 1
   assert machine['cpu_count'] >= 1
+  assert isinstance(machine['cpu_model'], str) and machine['cpu_model']
+  assert isinstance(machine['cpu_isa'], list)
   assert 'jax' in machine['versions']
   settings = result['settings']
   assert settings['model_preset'] == 'tiny'

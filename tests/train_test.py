@@ -114,6 +114,10 @@ def test_event_file_has_every_metric(run):
   value, plugin, _ = events['samples'][1]
   assert plugin == 'text'
   assert '**sample 0** reward:' in value.item().decode()
+  # The machine, once per start (this run started once).
+  (value, plugin, _), = events['machine'].values()
+  assert plugin == 'text' and sorted(events['machine']) == [0]
+  assert 'usable, ISA:' in value.item().decode()
   # Varied rewards: this run trains on non-zero advantages.
   assert events['reward/std'][1][0] > 0
   assert events['grad_norm'][1][0] > 0

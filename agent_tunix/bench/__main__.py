@@ -104,7 +104,8 @@ JSON written to --output:
     "schema_version": 1,
     "argv": [str],
     "machine": {"jax_backend": str, "device_kind": str, "device_count": int,
-                "cpu_count": int, "load_average": [float], "platform": str,
+                "cpu_count": int, "cpu_model": str, "cpu_isa": [str],
+                "load_average": [float], "platform": str,
                 "versions": {package: str}},
     "settings": {...},            # the shared workload (see above)
     "measurements": [measurement],

@@ -16,6 +16,8 @@ import traceback
 from absl import logging
 import jax
 
+from agent_tunix.observe import machine
+
 SCHEMA_VERSION = 1
 
 
@@ -43,11 +45,14 @@ def machine_info():
     if module is not None:
       versions[name] = str(getattr(module, '__version__', 'unknown'))
   device = jax.devices()[0]
+  described = machine.describe()
   return {
       'jax_backend': jax.default_backend(),
       'device_kind': device.device_kind,
       'device_count': jax.device_count(),
       'cpu_count': os.cpu_count(),
+      'cpu_model': described['cpu_model'],
+      'cpu_isa': described['cpu_isa'],
       'load_average': [round(x, 2) for x in os.getloadavg()],
       'platform': platform.platform(),
       'versions': versions,

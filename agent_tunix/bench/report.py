@@ -159,7 +159,9 @@ def print_table(result):
   machine = result['machine']
   lines.append(
       f"machine: {machine['jax_backend']} {machine['device_kind']} x"
-      f"{machine['device_count']}, {machine['cpu_count']} CPUs, load "
+      f"{machine['device_count']}, {machine['cpu_count']} CPUs "
+      f"({machine.get('cpu_model', 'unknown')}; ISA: "
+      f"{' '.join(machine.get('cpu_isa') or ['-'])}), load "
       f"{machine['load_average']}"
   )
   sys.stdout.write('\n'.join(lines) + '\n')

@@ -52,6 +52,7 @@ from agent_tunix.data import prompts
 from agent_tunix.models import families
 from agent_tunix.models import gemma4 as gemma4_lib
 from agent_tunix.models import tokenizer as tokenizer_lib
+from agent_tunix.observe import machine
 from agent_tunix.observe import metrics as metrics_lib
 from agent_tunix.rl import dynamic_sampling
 from agent_tunix.rl import episode_stats
@@ -690,6 +691,10 @@ def _train(session, ckpt, closing):
       config.model.preset, num_steps, config.training.batch_size,
       config.grpo.num_generations, session.data_stats,
   )
+  # At every start: a resumed run may be on another kind of machine.
+  machine_line = machine.summary(machine.describe())
+  logging.info('Machine: %s', machine_line)
+  writer.write_texts(start, {'machine': machine_line})
   if start == 0:
     writer.write_scalars(0, {
         'data/dropped_long_prompts':
