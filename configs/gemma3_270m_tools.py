@@ -7,7 +7,7 @@ before it answers. The problems need arithmetic a 270M model gets wrong in
 its head (data.difficulty=4: two or three operations on 2- to 4-digit
 numbers). The prompt shows three worked episodes, each one call and the
 answer, after a short tool list. Training samples 8 episodes for each of 4
-prompts a step, with an entropy bonus.
+prompts a step, with an entropy bonus and a KL anchor to the base model.
 
   python -m agent_tunix.main --config=configs/gemma3_270m_tools.py --workdir=/tmp/tools
 
@@ -56,11 +56,11 @@ def get_config(arg=None):
   config.training.batch_size = 4
   config.grpo.num_generations = 8
   config.grpo.entropy_coeff = 0.01
-  # 36 steps and two 256-problem evaluations. Without the KL pass: 91 s a
-  # step and about 71 minutes alone on one 2-core machine, 36 on an
-  # earlier one (docs/results.md, "Seeds, threads and machines"). With
-  # it, steps took 89-104 s alone (seed 7's last 12) and a 256-problem
-  # evaluation 6 min: about 72 minutes estimated, not yet timed whole.
+  # 36 steps and two 256-problem evaluations. The CPU decides the time:
+  # with the KL pass, steps took 89-104 s and an evaluation 6 min on one
+  # 2-core machine (about 72 minutes, estimated), and ~180 s and 14.5 min
+  # on an AVX2-only 2-core one, where the whole run took 2 h 20 min 40 s
+  # (docs/results.md, "Seeds, threads and machines").
   config.training.num_steps = 36
   # A checkpoint every 6 steps (39 MB each; 3 kept): the run is over an
   # hour on CPU, and one killed without SIGTERM (out of memory) would

@@ -2,7 +2,7 @@
 
 The same seed can end differently on two machines (docs/results.md, "Seeds,
 threads and machines"), and one preset's steps took 96 s on one 2-core
-machine and about 200 s on another. A run logs `summary()` at every start,
+machine and about 180 s on another. A run logs `summary()` at every start,
 and writes it into its event file, so that two runs' logs say whether they
 ran on the same kind of machine.
 """
