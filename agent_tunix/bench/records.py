@@ -14,7 +14,6 @@ import time
 import traceback
 
 from absl import logging
-import jax
 
 from agent_tunix.observe import machine
 
@@ -44,12 +43,11 @@ def machine_info():
     module = sys.modules.get(name)
     if module is not None:
       versions[name] = str(getattr(module, '__version__', 'unknown'))
-  device = jax.devices()[0]
   described = machine.describe()
   return {
-      'jax_backend': jax.default_backend(),
-      'device_kind': device.device_kind,
-      'device_count': jax.device_count(),
+      'jax_backend': described['backend'],
+      'device_kind': described['device_kind'],
+      'device_count': described['device_count'],
       'cpu_count': os.cpu_count(),
       'cpu_model': described['cpu_model'],
       'cpu_isa': described['cpu_isa'],
