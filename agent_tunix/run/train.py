@@ -694,7 +694,8 @@ def _train(session, ckpt, closing):
   # At every start: a resumed run may be on another kind of machine.
   machine_line = machine.summary(machine.describe())
   logging.info('Machine: %s', machine_line)
-  writer.write_texts(start, {'machine': machine_line})
+  if jax.process_index() == 0:  # Texts, like samples, from process 0 only.
+    writer.write_texts(start, {'machine': machine_line})
   if start == 0:
     writer.write_scalars(0, {
         'data/dropped_long_prompts':
