@@ -93,7 +93,7 @@ WORKLOADS = {
     'gpu': {
         'main': Workload('gemma3_270m', 'gemma3_270m', 64, 8, 128, 256, 4,
                          'bfloat16'),
-        'tools': Workload('gemma3_270m_tools', 'gemma3_270m', 4, 8, 424, 88,
+        'tools': Workload('gemma3_270m_tools', 'gemma3_270m', 8, 4, 424, 88,
                           1, 'bfloat16'),
         'big': Workload('gemma3_270m', 'gemma3_1b_pt', 64, 8, 128, 256, 4,
                         'bfloat16'),
