@@ -258,8 +258,10 @@ def get_config(arg=None):
   # Loss aggregation: 'token-mean', 'sequence-mean-token-mean' or
   # 'sequence-mean-token-sum-norm' (Dr. GRPO).
   config.grpo.loss_agg_mode = 'token-mean'
-  # Sequence chunk for per-token log-probs, so [B, T, vocab] logits are never
-  # materialised whole.
+  # The most completion positions whose [B, chunk, vocab] logits exist at a
+  # time in the log-prob passes (never [B, T, vocab] whole). T is split into
+  # ceil(T / chunk) chunks of near-equal size; with more than one, each is
+  # recomputed in the backward pass.
   config.grpo.logps_chunk_size = 64
   # Reference and update passes: run each prompt through the model once for
   # its G completions instead of once per completion, when prompt +

@@ -37,6 +37,12 @@ def get_config(arg=None):
   config.agent.max_turn_tokens = 64
   config.agent.max_tool_output_tokens = 32
   config.generation.kv_cache_size = 512
+  # The update's log-prob passes take the 88 completion columns as one
+  # chunk: no recomputed logits in the backward pass, at [4 rows, 88,
+  # 262144] float32 logits (369 MB) a micro-batch. The reference pass and
+  # train step took 59.7 s against 66.5 s at the default 64 (2 x 44) on a
+  # 2-core CPU (docs/results.md).
+  config.grpo.logps_chunk_size = 128
   # Sampled closer to the greedy episodes that evaluation scores
   # (docs/results.md, "Tools": the runs behind this preset's settings).
   config.generation.temperature = 0.7

@@ -133,7 +133,8 @@ def _numpy_logps_and_entropy(hidden, embedding, targets, temperature=1.0):
 
 
 @pytest.mark.parametrize('chunk_size, temperature',
-                         [(3, 1.0), (7, 1.0), (10, 1.0), (3, 0.6), (10, 1.7)])
+                         [(3, 1.0), (5, 1.0), (7, 1.0), (10, 1.0), (3, 0.6),
+                          (10, 1.7)])
 def test_chunked_token_logps_matches_full_softmax(chunk_size, temperature):
   rng = np.random.default_rng(0)
   hidden = rng.normal(size=(2, 7, 8)).astype(np.float32)
@@ -160,6 +161,37 @@ def test_chunked_token_logps_matches_full_softmax(chunk_size, temperature):
   assert logps.dtype == jnp.float32 and logps.shape == (2, 7)
   np.testing.assert_allclose(logps, want_logps, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(entropy, want_entropy, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('length, chunk_size, want', [
+    (88, 64, (2, 44)),  # Not 2 x 64: 40 positions of padding.
+    (88, 128, (1, 88)),
+    (64, 64, (1, 64)),
+    (65, 64, (2, 33)),
+    (7, 3, (3, 3)),
+    (7, 5, (2, 4)),
+    (1, 64, (1, 1)),
+    (5, 1, (5, 1)),
+])
+def test_chunk_layout_splits_evenly(length, chunk_size, want):
+  num_chunks, chunk = logprobs.chunk_layout(length, chunk_size)
+  assert (num_chunks, chunk) == want
+  assert chunk <= chunk_size and num_chunks * chunk - length < num_chunks
+
+
+def test_chunked_token_logps_projects_only_the_even_chunks():
+  # 88 positions at chunk_size=64: every vocabulary projection, forward and
+  # backward, is on 44 positions (2 x 44 = 88, no padded columns).
+  hidden = jnp.zeros((1, 88, 4), jnp.float32)
+  embedding = jnp.zeros((9, 4), jnp.float32)
+  targets = jnp.zeros((1, 88), jnp.int32)
+
+  def loss(h):
+    return logprobs.chunked_token_logps(h, embedding, targets, 64)[0].sum()
+
+  text = str(jax.make_jaxpr(jax.grad(loss))(hidden))
+  assert 'f32[1,44,9]' in text
+  assert 'f32[1,64,9]' not in text and 'f32[1,128' not in text
 
 
 def test_chunked_token_logps_gradient_matches_full_softmax():

@@ -24,6 +24,25 @@ from agent_tunix.models import gemma4 as gemma4_lib
 from agent_tunix.models import lora
 
 
+def chunk_layout(length: int, chunk_size: int) -> tuple[int, int]:
+  """(number of chunks, positions a chunk) for `length` positions.
+
+  As few chunks as `chunk_size` allows, of near-equal size, so that the
+  padding is under one position a chunk: 88 positions at chunk_size=64 run
+  as 2 x 44, not as 2 x 64 with 40 positions of padding (45% more work for
+  the vocabulary projection, in every pass over it).
+
+  Args:
+    length: positions to cover (>= 1).
+    chunk_size: the most positions a chunk may hold (>= 1).
+
+  Returns:
+    (num_chunks, chunk) with num_chunks * chunk >= length.
+  """
+  num_chunks = -(-length // max(1, min(chunk_size, length)))
+  return num_chunks, -(-length // num_chunks)
+
+
 def chunked_token_logps(
     hidden: jax.Array,
     embedding: jax.Array,
@@ -35,13 +54,14 @@ def chunked_token_logps(
 ) -> tuple[jax.Array, jax.Array | None]:
   """Log-probabilities of `targets` under logits = hidden @ embedding.T / T.
 
-  The sequence is processed `chunk_size` positions at a time with
-  `lax.map`. With more than one chunk, each is rematerialised in the
-  backward pass, so at most one [B, chunk_size, V] logits block exists at a
-  time, forward or backward. A single chunk is not rematerialised: its
-  backward pass runs right after its forward pass, so recomputing the logits
-  would save no memory and cost one more [B, T, D] x [D, V] matmul. Logits
-  are accumulated and normalised in float32.
+  The sequence is processed at most `chunk_size` positions at a time with
+  `lax.map`, in chunks of near-equal size (`chunk_layout`). With more than
+  one chunk, each is rematerialised in the backward pass, so at most one
+  [B, chunk_size, V] logits block exists at a time, forward or backward. A
+  single chunk is not rematerialised: its backward pass runs right after its
+  forward pass, so recomputing the logits would save no memory and cost one
+  more [B, T, D] x [D, V] matmul. Logits are accumulated and normalised in
+  float32.
 
   The logits are divided by `temperature` (T) before the softmax, as the
   sampler divides them before drawing a token, so log-probs and entropy are
@@ -53,7 +73,8 @@ def chunked_token_logps(
     hidden: [B, T, D] final hidden states.
     embedding: [V, D] output embedding (tied input embedding for Gemma).
     targets: [B, T] int token ids.
-    chunk_size: positions per chunk; T need not be a multiple of it.
+    chunk_size: the most positions a chunk holds; T need not be a
+      multiple of it.
     compute_entropy: also return the per-token entropy of the distribution.
     temperature: T > 0, the sampling temperature (1 = the model's logits).
     softcap: the model's final-logit softcap, or None.
@@ -64,8 +85,7 @@ def chunked_token_logps(
   if temperature <= 0:
     raise ValueError(f'temperature must be > 0, got {temperature}.')
   batch, length, dim = hidden.shape
-  chunk = max(1, min(chunk_size, length))
-  num_chunks = -(-length // chunk)
+  num_chunks, chunk = chunk_layout(length, chunk_size)
   pad = num_chunks * chunk - length
   if pad:
     hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
