@@ -111,3 +111,25 @@ def test_results_command_records_a_stage_it_was_told_of(tmp_path):
   assert results['stages']['smoke']['status'] == 'error'
   assert results['stages']['smoke']['reason'] == 'flax failed to import'
   assert gpu_results.main(['x', f'--out={out}', '--stage=smoke']) == 2
+
+
+def test_tools_workload_follows_the_tools_preset():
+  # pylint: disable=g-import-not-at-top
+  from agent_tunix.bench import gpu_check
+  from configs import gemma3_270m_tools
+  preset = gemma3_270m_tools.get_config()
+  config = gpu_check.workload_config(gpu_check.WORKLOADS['gpu']['tools'],
+                                     'tok.model')
+  for field in ('training.batch_size', 'training.micro_batch_size',
+                'grpo.num_generations', 'generation.max_prompt_length',
+                'generation.max_generation_steps'):
+    section, name = field.split('.')
+    assert config[section][name] == preset[section][name], field
+  gen = config.generation
+  assert gen.kv_cache_size == gen.max_prompt_length + gen.max_generation_steps
+  assert (config.model.source, config.model.dtype) == ('random', 'bfloat16')
+  # A workload that names its shapes gets them.
+  main = gpu_check.workload_config(gpu_check.WORKLOADS['gpu']['main'],
+                                   'tok.model')
+  assert (main.training.batch_size, main.grpo.num_generations,
+          main.generation.max_generation_steps) == (64, 8, 256)

@@ -77,15 +77,19 @@ FLAGS = flags.FLAGS
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-  """One GRPO workload: the config file and what is changed in it."""
+  """One GRPO workload: the config file and what is changed in it.
+
+  A shape field left None keeps the config file's own value, so that a
+  workload named after a preset follows the preset when it changes.
+  """
 
   config_file: str
   preset: str
-  batch_size: int
-  num_generations: int
-  prompt_length: int
-  generation_length: int
-  micro_batch_size: int
+  batch_size: int | None
+  num_generations: int | None
+  prompt_length: int | None
+  generation_length: int | None
+  micro_batch_size: int | None
   dtype: str
 
 
@@ -93,8 +97,9 @@ WORKLOADS = {
     'gpu': {
         'main': Workload('gemma3_270m', 'gemma3_270m', 64, 8, 128, 256, 4,
                          'bfloat16'),
-        'tools': Workload('gemma3_270m_tools', 'gemma3_270m', 8, 4, 424, 88,
-                          1, 'bfloat16'),
+        # The tools preset's own batch, group size and lengths.
+        'tools': Workload('gemma3_270m_tools', 'gemma3_270m', None, None,
+                          None, None, None, 'bfloat16'),
         'big': Workload('gemma3_270m', 'gemma3_1b_pt', 64, 8, 128, 256, 4,
                         'bfloat16'),
     },
@@ -146,13 +151,20 @@ def workload_config(workload, tokenizer):
   m.tokenizer_path = tokenizer
   config.agent.tools = ''  # Single-turn completions at the preset's shapes.
   gen.stop_sequences = ''
-  gen.max_prompt_length = workload.prompt_length
-  gen.max_generation_steps = workload.generation_length
-  gen.kv_cache_size = workload.prompt_length + workload.generation_length
-  config.eval.max_generation_steps = workload.generation_length
-  config.training.batch_size = workload.batch_size
-  config.training.micro_batch_size = workload.micro_batch_size
-  config.grpo.num_generations = workload.num_generations
+  t = config.training
+
+  def given(value, default):
+    return default if value is None else value
+
+  gen.max_prompt_length = given(workload.prompt_length, gen.max_prompt_length)
+  gen.max_generation_steps = given(workload.generation_length,
+                                   gen.max_generation_steps)
+  gen.kv_cache_size = gen.max_prompt_length + gen.max_generation_steps
+  config.eval.max_generation_steps = gen.max_generation_steps
+  t.batch_size = given(workload.batch_size, t.batch_size)
+  t.micro_batch_size = given(workload.micro_batch_size, t.micro_batch_size)
+  config.grpo.num_generations = given(workload.num_generations,
+                                      config.grpo.num_generations)
   config.data.num_eval_examples = 2
   config.eval.batch_size = 2
   config.eval.pass_at_k = 0
