@@ -59,18 +59,18 @@ def get_config(arg=None):
   # 8 prompts x 4 episodes a step, without an entropy bonus: the same 32
   # episodes as 4 x 8, from twice the problems, so that each update sees
   # more of the six problem types. At training seeds 42, 7 and 1 it gained
-  # +14.1, +14.1 and +23.5 points (4 x 8 with a bonus of 0.01: +14.1, +20.0
-  # and +5.9). With the bonus, 8 x 4 at seed 7 drifted (entropy 0.18 to
+  # +13.7, +14.1 and +23.5 points (seeds 7 and 1 before the one-chunk
+  # update below; 4 x 8 with a bonus of 0.01: +14.1, +20.0 and +5.9). With the bonus, 8 x 4 at seed 7 drifted (entropy 0.18 to
   # 0.42 nats per token) and gained +0.8 (docs/results.md, "More problems
   # a step").
   config.training.batch_size = 8
   config.grpo.num_generations = 4
   config.grpo.entropy_coeff = 0.0
   # 36 steps and two 256-problem evaluations. The CPU decides the time: on
-  # a 2-core AMD EPYC with AVX-512 the whole run took 77 min 21 s (100-138 s
-  # between steps, an evaluation about 5.5 min); 8 x 4 steps took 215-238 s
-  # on an AVX2-only 2-core one (docs/results.md, "Seeds, threads and
-  # machines").
+  # a 2-core AMD EPYC with AVX-512 the whole run took 64 min 19 s (79-111 s
+  # between steps, an evaluation about 6 min; 77 min 21 s before the
+  # one-chunk update); 8 x 4 steps took 215-238 s on an AVX2-only 2-core
+  # one before it (docs/results.md, "Seeds, threads and machines").
   config.training.num_steps = 36
   # A checkpoint every 6 steps (39 MB each; 3 kept): the run is over an
   # hour on CPU, and one killed without SIGTERM (out of memory) would
