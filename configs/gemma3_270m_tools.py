@@ -37,12 +37,12 @@ def get_config(arg=None):
   config.agent.max_turn_tokens = 64
   config.agent.max_tool_output_tokens = 32
   config.generation.kv_cache_size = 512
-  # The update's log-prob passes take the 88 completion columns as one
-  # chunk: no recomputed logits in the backward pass, at [4 rows, 88,
-  # 262144] float32 logits (369 MB) a micro-batch. The reference pass and
-  # train step took 59.7 s against 66.5 s at the default 64 (2 x 44) on a
-  # 2-core CPU (docs/results.md).
-  config.grpo.logps_chunk_size = 128
+  # The update's log-prob passes take the whole completion as one chunk:
+  # no recomputed logits in the backward pass, at [4 rows, 88, 262144]
+  # float32 logits (369 MB) a micro-batch. The reference pass and train
+  # step took 59.7 s against 66.5 s at the default 64 (2 x 44) on a 2-core
+  # CPU (docs/results.md).
+  config.grpo.logps_chunk_size = config.generation.max_generation_steps
   # Sampled closer to the greedy episodes that evaluation scores
   # (docs/results.md, "Tools": the runs behind this preset's settings).
   config.generation.temperature = 0.7
@@ -60,9 +60,9 @@ def get_config(arg=None):
   # episodes as 4 x 8, from twice the problems, so that each update sees
   # more of the six problem types. At training seeds 42, 7 and 1 it gained
   # +13.7, +14.1 and +23.5 points (seeds 7 and 1 before the one-chunk
-  # update below; 4 x 8 with a bonus of 0.01: +14.1, +20.0 and +5.9). With the bonus, 8 x 4 at seed 7 drifted (entropy 0.18 to
-  # 0.42 nats per token) and gained +0.8 (docs/results.md, "More problems
-  # a step").
+  # update above; 4 x 8 with a bonus of 0.01: +14.1, +20.0 and +5.9). With
+  # the bonus, 8 x 4 at seed 7 drifted (entropy 0.18 to 0.42 nats per
+  # token) and gained +0.8 (docs/results.md, "More problems a step").
   config.training.batch_size = 8
   config.grpo.num_generations = 4
   config.grpo.entropy_coeff = 0.0
