@@ -349,6 +349,13 @@ def get_config(arg=None):
   # TopK (~1.5x faster rollouts on the 270M). False runs tunix's graph as
   # is. No effect on TPU/GPU.
   config.generation.cpu_decode_graph = True
+  # Prefill the leading tokens that every prompt of a batch shares (a long
+  # system prompt, a tool list) once, not once per row: the rest of each
+  # prompt runs against that one KV cache. The same computation up to float
+  # rounding (agent_tunix/rl/shared_prefix.py); used on Gemma 3 when the
+  # run (prompt + completion) fits in its sliding window and the shared run
+  # is >= 8 tokens.
+  config.generation.shared_prefix = False
 
   # ---------------------------------------------------------------- agent
   config.agent = ml_collections.ConfigDict()

@@ -37,6 +37,11 @@ def get_config(arg=None):
   config.agent.max_turn_tokens = 64
   config.agent.max_tool_output_tokens = 32
   config.generation.kv_cache_size = 512
+  # Every prompt opens with the same tool list and worked episodes (the
+  # first 344 columns, rounded down): prefilled once a batch, not once a
+  # row. An evaluation batch of 32 took ~22 s, not ~43 s, with the same
+  # greedy episodes (docs/results.md).
+  config.generation.shared_prefix = True
   # The update's log-prob passes take the whole completion as one chunk:
   # no recomputed logits in the backward pass, at [4 rows, 88, 262144]
   # float32 logits (369 MB) a micro-batch. The reference pass and train

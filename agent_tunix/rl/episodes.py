@@ -352,13 +352,9 @@ class EpisodeRollout:
       raise ValueError(f'num_generations={g} must be >= 1.')
     total_steps = num_prompt + max_steps
     last_col = total_steps - 1
-    greedy = temperature <= 0
-    state = roll.init_state(
-        prompt_tokens, total_steps, seed, temperature=float(temperature),
-        top_p=None if greedy else float(top_p),
-        top_k=None if greedy or not top_k else int(top_k))
+    state = roll.start(prompt_tokens, total_steps, seed, g,
+                       **rollout_lib.sampling_args(temperature, top_k, top_p))
     params = roll.params
-    state = roll.prefill_fn(params, state, num_generations=g)
     examples = [{}] * num_prompts if examples is None else list(examples)
     episode_rows = [_Row(self._environment(examples[i // g]), num_prompt,
                          last_col) for i in range(num_prompts * g)]

@@ -24,7 +24,9 @@ Shared prompts: GRPO samples G completions of every prompt. With
 the distinct prompts only, repeats the KV cache and the state G times, and
 samples the first token (and every later one) per row. Prefill costs 1/G of
 running it on the repeated rows, and the result is the same computation:
-the repeated rows' prefills were identical.
+the repeated rows' prefills were identical. With `shared_prefix` the
+leading tokens that all prompts of a batch share are prefilled once too
+(`shared_prefix`).
 
 CPU: the sampler is built from `models.decode`'s graph (same computation,
 without the KV cache and weight copies XLA CPU puts in every decode step of
@@ -56,6 +58,7 @@ from agent_tunix.models import decode
 from agent_tunix.models import families
 from agent_tunix.models import gemma4 as gemma4_lib
 from agent_tunix.models import tunix_adapter
+from agent_tunix.rl import shared_prefix as shared_prefix_lib
 from agent_tunix.tpu import sharding
 
 
@@ -159,6 +162,15 @@ def repeat_groups(batch, num_generations):
   return {k: np.repeat(v, num_generations, axis=0) for k, v in batch.items()}
 
 
+def sampling_args(temperature, top_k, top_p):
+  """`init_sample_state`'s sampling arguments: temperature 0 is greedy
+  (no cut), top_k 0 and top_p 1 are off."""
+  greedy = temperature <= 0
+  return dict(temperature=float(temperature),
+              top_p=None if greedy else float(top_p),
+              top_k=None if greedy or not top_k else int(top_k))
+
+
 def uses_cpu_decode_graph(model):
   """True when the sampler should run models.decode's CPU graph: on CPU,
   for a tunix Gemma 3 (not on TPU/GPU, where tunix's graph is used)."""
@@ -172,7 +184,7 @@ class Rollout:
   """Samples completions from the current policy (LoRA included)."""
 
   def __init__(self, model, tokenizer, cache_size, cpu_decode_graph=True,
-               stop_sequences=(), decode_chunk_steps=16):
+               stop_sequences=(), decode_chunk_steps=16, shared_prefix=False):
     """Builds tunix's sampler over `model`.
 
     Args:
@@ -185,6 +197,8 @@ class Rollout:
         config`); () = end tokens only.
       decode_chunk_steps: with stop sequences, decode steps between the
         host's checks whether every row has ended.
+      shared_prefix: prefill the leading tokens that every prompt row of a
+        batch shares once (`shared_prefix`; `generation.shared_prefix`).
     """
     if decode_chunk_steps < 1:
       raise ValueError(
@@ -194,6 +208,8 @@ class Rollout:
     self.tokenizer = tokenizer
     self.stop_sequences = tuple(stop_sequences)
     self.decode_chunk_steps = int(decode_chunk_steps)
+    self.shared_prefix = bool(shared_prefix)
+    self._model_config = cfg
     cache_config = sampler_lib.CacheConfig(
         cache_size=cache_size,
         num_layers=cfg.num_layers,
@@ -233,7 +249,8 @@ class Rollout:
     )
     # No donation: the state grows from N to N x G rows, nothing to reuse.
     self._grouped_prefill = jax.jit(
-        self._prefill_groups, static_argnames=('num_generations',)
+        self._prefill_groups,
+        static_argnames=('num_generations', 'prefix_columns'),
     )
     # Every prefill, G = 1 too, computes the logits of the last prompt
     # position only. tunix's own prefill computes them at every position,
@@ -280,24 +297,16 @@ class Rollout:
     num_prompt = prompt_tokens.shape[1]
     if num_generations < 1:
       raise ValueError(f'num_generations={num_generations} must be >= 1.')
-    sampler = self.sampler
-    greedy = temperature <= 0
-    state = self.init_state(
-        prompt_tokens,
-        num_prompt + max_steps,
-        seed,
-        temperature=float(temperature),
-        top_p=None if greedy else float(top_p),
-        top_k=None if greedy or not top_k else int(top_k),
-    )
-    params = tunix_adapter.flattened_state(sampler)
+    sampling = sampling_args(temperature, top_k, top_p)
+    params = self.params
     if self.tunix_prefill and num_generations == 1:
-      state = tunix_adapter.prefill_fn(sampler)(params, state, None,
-                                                echo=False)
+      state = self.init_state(prompt_tokens, num_prompt + max_steps, seed,
+                              **sampling)
+      state = tunix_adapter.prefill_fn(self.sampler)(params, state, None,
+                                                     echo=False)
     else:
-      state = self._grouped_prefill(
-          params, state, num_generations=num_generations
-      )
+      state = self.start(prompt_tokens, num_prompt + max_steps, seed,
+                         num_generations, **sampling)
     state = self._decode(params, state, num_prompt + max_steps)
     buffer = sharding.to_host(state.token_buffer)[:, num_prompt:]
     logps = sharding.to_host(state.logprobs_buffer)[:, num_prompt:]
@@ -338,6 +347,36 @@ class Rollout:
       if (ends < raw.shape[1]).all():
         break
     return state
+
+  def start(self, prompt_tokens, total_steps, seed, num_generations,
+            **sampling):
+    """The sampling state after the prefill: the first completion token
+    of every row drawn, N x G rows (`num_generations` = G).
+
+    With `shared_prefix` the leading run every prompt row shares is
+    prefilled once (`shared_prefix`); the prompt columns of the state's
+    token buffer then hold the rows in that module's layout (the
+    completion columns are the same).
+
+    Args:
+      prompt_tokens: int32 numpy [N, P], left-padded, the whole batch.
+      total_steps: P + completion length.
+      seed: int sampling seed.
+      num_generations: G rows per prompt.
+      **sampling: `sampling_args`.
+    """
+    pad_id = self.sampler.tokenizer.pad_id()
+    columns = 0
+    if self.shared_prefix and shared_prefix_lib.usable(self._model_config,
+                                                       total_steps):
+      columns = shared_prefix_lib.prefix_columns(prompt_tokens, pad_id)
+    if columns:
+      prompt_tokens = shared_prefix_lib.prefix_first(prompt_tokens, pad_id,
+                                                     columns)
+    state = self.init_state(prompt_tokens, total_steps, seed, **sampling)
+    return self._grouped_prefill(self.params, state,
+                                 num_generations=int(num_generations),
+                                 prefix_columns=columns)
 
   def init_state(self, prompt_tokens, total_steps, seed, **sampling):
     """tunix's initial sampling state, with its arrays placed on the mesh.
@@ -400,7 +439,8 @@ class Rollout:
 
   @property
   def prefill_fn(self):
-    """Jitted (params, state, num_generations=G) -> state after prefill."""
+    """Jitted (params, state, num_generations=G, prefix_columns=0) ->
+    state after prefill (`start` picks prefix_columns)."""
     return self._grouped_prefill
 
   @property
@@ -456,7 +496,7 @@ class Rollout:
       target = sharding.batch_sharding(self.mesh, x.ndim, rows=x.shape[0])
     return jax.lax.with_sharding_constraint(x, target)
 
-  def _prefill_groups(self, params, state, num_generations):
+  def _prefill_groups(self, params, state, num_generations, prefix_columns=0):
     """tunix's prefill on the distinct prompts, then G rows per prompt.
 
     Mirrors `Sampler._prefill_fn` (no echo, logits buffer or beam search):
@@ -469,6 +509,8 @@ class Rollout:
       params: the sampler's flattened transformer state.
       state: the initial sampling state of the N distinct prompt rows.
       num_generations: G.
+      prefix_columns: > 0: the rows share their first `prefix_columns`
+        columns, which run on one row (`shared_prefix.prefill`).
 
     Returns:
       The sampling state of N x G rows after the first sampled token.
@@ -497,12 +539,20 @@ class Rollout:
     # Logits of the last prompt position only: the model's own logits cover
     # every position, [N, P, vocab] (XLA keeps them whole even when only the
     # last is read); discarded, that matmul is removed.
-    def forward(module):
-      return module(tokens, positions, state.cache, attention_mask,
-                    output_hidden_states=True)[1]
+    def run(tokens, positions, cache, attention_mask):
+      def forward(module):
+        return module(tokens, positions, cache, attention_mask,
+                      output_hidden_states=True)[1]
 
-    cache, sown = nnx.capture(forward, nnx.Intermediate)(transformer)
-    hidden = sown['all_hidden_states'].get_value()[-1][:, -1:]
+      cache, sown = nnx.capture(forward, nnx.Intermediate)(transformer)
+      return cache, sown['all_hidden_states'].get_value()[-1][:, -1:]
+
+    if prefix_columns:
+      cache, hidden = shared_prefix_lib.prefill(
+          run, tokens, positions, state.cache, attention_mask,
+          prefix_columns, self._constrain_rows)
+    else:
+      cache, hidden = run(tokens, positions, state.cache, attention_mask)
     logits = gemma4_lib.apply_softcap(
         transformer.embedder.decode(hidden),
         families.of_config(transformer.config).final_logit_softcap)

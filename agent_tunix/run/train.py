@@ -158,6 +158,7 @@ def setup(config, workdir, with_data=True):
       cpu_decode_graph=config.generation.cpu_decode_graph,
       stop_sequences=rollout.stop_sequences_from_config(config),
       decode_chunk_steps=config.generation.decode_chunk_steps,
+      shared_prefix=config.generation.shared_prefix,
   )
   if episodes.enabled(config):  # Multi-turn episodes (tools).
     sampler = episodes.from_config(config, sampler)
