@@ -3,7 +3,11 @@ prefilled once gives the completions of the full prefill (tiny random
 Gemma 3, CPU)."""
 
 import dataclasses
+import json
 import os
+import pathlib
+import subprocess
+import sys
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
@@ -22,6 +26,7 @@ from agent_tunix.tpu import sharding
 from configs import tiny
 
 PAD = pipeline.PAD_ID
+_REPO = pathlib.Path(__file__).resolve().parents[1]
 _PROMPT_LEN = 96
 _STEPS = 24
 _HEAD = 'You are a careful assistant who checks every sum twice. ' * 4
@@ -178,3 +183,68 @@ def test_shared_prefix_episodes_match_the_full_prefill(tiny_model, prompts):
   np.testing.assert_allclose(got.logps, want.logps, atol=1e-5)
   assert ([e.transcript for e in got.episodes]
           == [e.transcript for e in want.episodes])
+
+
+# ------------------------------------------------------ on a 2-device mesh
+
+# Runs in a subprocess with 2 fake CPU devices (fixed when jax starts):
+# prints one JSON line comparing the two prefills on the mesh (fsdp = 2).
+_MESH_CHILD = r'''
+import dataclasses
+import json
+
+import numpy as np
+
+from agent_tunix import models
+from agent_tunix.data import pipeline
+from agent_tunix.models import gemma3
+from agent_tunix.rl import rollout
+from agent_tunix.tpu import sharding
+from configs import tiny
+
+original = gemma3.tiny_config
+gemma3.tiny_config = lambda **kw: dataclasses.replace(
+    original(**kw), sliding_window_size=128)
+config = tiny.get_config()
+mesh = sharding.make_mesh(config.mesh)
+model, tokenizer = models.build(config, mesh)
+head = 'You are a careful assistant who checks every sum twice. ' * 4
+prompts = np.stack([
+    pipeline.encode_prompt(head + text, tokenizer, 96)[0]
+    for text in ('What is 2 + 3?', 'Name a colour, please.', 'Why?',
+                 'Count to three.')])
+full, shared = [rollout.Rollout(model, tokenizer, 120, shared_prefix=s)
+                for s in (False, True)]
+report = {'devices': int(mesh.devices.size),
+          'row_shards': [shared._row_shards(4), shared._row_shards(3)]}
+for name, rows, temperature in (('greedy', prompts, 0.0),
+                                ('sampled', prompts, 1.0),
+                                ('three_rows', prompts[:3], 1.0)):
+  want, got = [r.generate(rows, 8, seed=3, temperature=temperature, top_k=8,
+                          num_generations=2) for r in (full, shared)]
+  report[name] = [bool(np.array_equal(got.tokens, want.tokens)),
+                  float(np.abs(got.logps - want.logps).max())]
+print('REPORT ' + json.dumps(report), flush=True)
+'''
+
+
+def test_shared_prefix_on_a_two_device_mesh():
+  """One prefix row per row shard (2 here; 1 when 3 rows do not split),
+  repeated on its shard: the full prefill's completions."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
+                      ' --xla_force_host_platform_device_count=2').strip()
+  env['PYTHONPATH'] = os.pathsep.join(
+      [str(_REPO)] + ([env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
+  done = subprocess.run([sys.executable, '-c', _MESH_CHILD], cwd=_REPO,
+                        env=env, capture_output=True, text=True,
+                        timeout=600, check=False)
+  lines = [l for l in done.stdout.splitlines() if l.startswith('REPORT ')]
+  assert done.returncode == 0 and lines, done.stderr[-3000:]
+  report = json.loads(lines[-1][len('REPORT '):])
+  assert report['devices'] == 2
+  assert report['row_shards'] == [2, 1]
+  for name in ('greedy', 'sampled', 'three_rows'):
+    same, logp_diff = report[name]
+    assert same, name
+    assert logp_diff < 1e-5, name

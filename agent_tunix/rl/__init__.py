@@ -1,6 +1,7 @@
 """The GRPO algorithm: what turns prompts into a better policy.
 
 rollout (prompts -> G completions each, with the sampler's log-probs),
+shared_prefix (the prompts' common leading tokens prefilled once),
 episodes (multi-turn rows that pause for tools or an environment and resume
 in the same KV cache), episode_stats (the agent/* metrics of a batch of
 episodes and the tool-use bonus), dynamic_sampling (groups with a reward spread), objectives (the pure array

@@ -43,6 +43,7 @@ gets the completions of the rows it asks for (see `Rollout.generate`).
 import contextlib
 import dataclasses
 import functools
+import math
 import re
 
 from flax import nnx
@@ -496,6 +497,14 @@ class Rollout:
       target = sharding.batch_sharding(self.mesh, x.ndim, rows=x.shape[0])
     return jax.lax.with_sharding_constraint(x, target)
 
+  def _row_shards(self, rows):
+    """How many shards `rows` prompt rows are split in on the mesh."""
+    if self.mesh is None:
+      return 1
+    axes = sharding.batch_sharding(self.mesh, 1, rows=rows).spec[0]
+    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    return math.prod(self.mesh.shape[a] for a in axes)
+
   def _prefill_groups(self, params, state, num_generations, prefix_columns=0):
     """tunix's prefill on the distinct prompts, then G rows per prompt.
 
@@ -550,7 +559,8 @@ class Rollout:
     if prefix_columns:
       cache, hidden = shared_prefix_lib.prefill(
           run, tokens, positions, state.cache, attention_mask,
-          prefix_columns, self._constrain_rows)
+          prefix_columns, self._constrain_rows,
+          prefix_rows=self._row_shards(tokens.shape[0]))
     else:
       cache, hidden = run(tokens, positions, state.cache, attention_mask)
     logits = gemma4_lib.apply_softcap(

@@ -1,6 +1,6 @@
 """Prefill a prompt batch's common leading tokens once, not once per row.
 
-Layer: rl; may import models and tpu.
+Layer: rl; may import models.
 
 A tool prompt opens with the same few hundred tokens in every row (the tool
 list and the worked episodes, ~390 of the tools preset's 424 columns), and
@@ -12,7 +12,8 @@ on the host, the batch is laid out with that run first in every row:
     left-padded (as the pipeline gives it)   [pad pad | prefix | question]
     for the sampler                          [prefix | pad pad | question]
 
-and the prefill runs the prefix on one row, copies its KV cache to every
+and the prefill runs the prefix on one row (on a mesh, one row per shard
+of the rows: each device computes it once), copies its KV cache to every
 row, then runs the remaining columns of all rows against it.
 
 It is the same computation as the full prefill: a token's key and value
@@ -107,8 +108,9 @@ def prefix_first(prompt_tokens, pad_id, columns):
 
 
 def prefill(run, tokens, positions, cache, attention_mask, columns,
-            constrain_rows):
-  """The prompt forward with the first `columns` columns run on one row.
+            constrain_rows, prefix_rows=1):
+  """The prompt forward with the first `columns` columns run on one row
+  (or one row per row shard of a mesh: `prefix_rows`).
 
   Args:
     run: (tokens, positions, cache, attention_mask) -> (cache, hidden of
@@ -118,17 +120,20 @@ def prefill(run, tokens, positions, cache, attention_mask, columns,
     attention_mask: the prompt's prefill mask [N, P, cache size].
     columns: the shared run's length (`prefix_columns`).
     constrain_rows: places a per-row array on the mesh.
+    prefix_rows: rows the shared run is computed on: the number of shards
+      the rows are split in (each device computes it once; a single row
+      would not split over the batch axes). Divides N.
 
   Returns:
     What `run` on the whole prompt returns: the filled cache and the last
     position's hidden state of every row.
   """
-  rows = tokens.shape[0]
-  shared, _ = run(tokens[:1, :columns], positions[:1, :columns],
-                  jax.tree.map(lambda x: x[:1], cache),
-                  attention_mask[:1, :columns])
+  rows, k = tokens.shape[0], prefix_rows
+  shared, _ = run(tokens[:k, :columns], positions[:k, :columns],
+                  jax.tree.map(lambda x: constrain_rows(x[:k]), cache),
+                  attention_mask[:k, :columns])
+  # The k rows are equal: row shard i repeats its own row.
   every_row = jax.tree.map(
-      lambda x: constrain_rows(jnp.broadcast_to(x, (rows,) + x.shape[1:])),
-      shared)
+      lambda x: constrain_rows(jnp.repeat(x, rows // k, axis=0)), shared)
   return run(tokens[:, columns:], positions[:, columns:], every_row,
              attention_mask[:, columns:])
