@@ -64,8 +64,8 @@ def get_config(arg=None):
   # 8 prompts x 4 episodes a step, without an entropy bonus: the same 32
   # episodes as 4 x 8, from twice the problems, so that each update sees
   # more of the six problem types. At training seeds 42, 7 and 1 it gained
-  # +13.7, +14.1 and +23.5 points (seeds 7 and 1 before the one-chunk
-  # update above; 4 x 8 with a bonus of 0.01: +14.1, +20.0 and +5.9). With
+  # +13.7, +14.5 and +23.5 points (seed 1 before the one-chunk update
+  # above; 4 x 8 with a bonus of 0.01: +14.1, +20.0 and +5.9). With
   # the bonus, 8 x 4 at seed 7 drifted (entropy 0.18 to 0.42 nats per
   # token) and gained +0.8 (docs/results.md, "More problems a step").
   config.training.batch_size = 8

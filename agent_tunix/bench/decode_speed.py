@@ -117,12 +117,7 @@ def timed_sample(sampler, prompt_tokens, steps, seed, gen):
     (prefill seconds, decode seconds, decode steps run, KV cache bytes).
   """
   inner = sampler.sampler
-  greedy = gen.temperature <= 0
-  sampling = {
-      'temperature': float(gen.temperature),
-      'top_p': None if greedy else float(gen.top_p),
-      'top_k': None if greedy or not gen.top_k else int(gen.top_k),
-  }
+  sampling = rollout.sampling_args(gen.temperature, gen.top_k, gen.top_p)
   total = prompt_tokens.shape[1] + steps
   if hasattr(sampler, 'init_state'):  # Places the state on the mesh.
     state = sampler.init_state(prompt_tokens, total, seed, **sampling)

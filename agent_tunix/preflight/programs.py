@@ -40,12 +40,9 @@ def _compile_rollout(config, mesh, sampler, episode, compiler, programs,
   prompts = config.training.batch_size
   prompt_len = gen.max_prompt_length
   total = prompt_len + gen.max_generation_steps
-  greedy = gen.temperature <= 0
   template = sampler.state_template(
-      prompt_len, total, 0, temperature=float(gen.temperature),
-      top_p=None if greedy else float(gen.top_p),
-      top_k=None if greedy or not gen.top_k else int(gen.top_k),
-  )
+      prompt_len, total, 0,
+      **rollout_lib.sampling_args(gen.temperature, gen.top_k, gen.top_p))
   prompt_sds = jax.ShapeDtypeStruct(
       (prompts, prompt_len), jnp.int32,
       sharding=sharding.batch_sharding(mesh, 2, rows=prompts),

@@ -3,7 +3,7 @@
 Layer: rl; may import models.
 
 A tool prompt opens with the same few hundred tokens in every row (the tool
-list and the worked episodes, ~390 of the tools preset's 424 columns), and
+list and the worked episodes, 351 of the tools preset's 388-420), and
 the sampler's prefill ran them through the model for every row of every
 batch. Here the prompts' longest common leading run (rounded down to a
 multiple of `BLOCK` columns, so a run compiles for few lengths) is computed
