@@ -111,6 +111,11 @@ def get_config(arg=None):
   # distractors), 4 (two or three operations on 2- to 4-digit numbers:
   # for the calculator tool); docs/data.md, 'The synthetic problems'.
   config.data.difficulty = 2
+  # Synthetic templates to draw from instead of the difficulty's (comma-
+  # separated names of agent_tunix/data/synthetic.py TEMPLATES, at the
+  # difficulty's number ranges; '' = the difficulty's own). Train and eval
+  # splits both draw from them; the synthetic_unseen source keeps its own.
+  config.data.synthetic_templates = ''
   # Seed for generation, shuffling and sharding of the data.
   config.data.seed = 0
   # Number of passes over the training data (training stops at

@@ -256,6 +256,27 @@ def test_synthetic_examples_name_their_type_and_shape():
     assert record['type'] in synthetic.UNSEEN_TEMPLATES
     assert record['shape'] == synthetic.SHAPES[record['type']]
 
+def test_synthetic_templates_choose_what_both_splits_draw():
+  config = _config(difficulty=4, synthetic_templates='total, bake_share')
+  train = pipeline.load_examples(config, 'train')
+  evals = pipeline.load_examples(config, 'eval')
+  assert {e['type'] for e in train} == {'total', 'bake_share'}
+  assert {e['type'] for e in evals} == {'total', 'bake_share'}
+  assert not {e['question'] for e in train} & {e['question'] for e in evals}
+  # The unseen source keeps its own templates.
+  config.data.source = 'synthetic_unseen'
+  unseen = pipeline.load_examples(config, 'eval')
+  assert {e['type'] for e in unseen} <= set(synthetic.UNSEEN_TEMPLATES)
+  # Empty means the difficulty's own.
+  config = _config(difficulty=4, synthetic_templates='')
+  assert {e['type'] for e in pipeline.load_examples(config, 'eval')} <= set(
+      synthetic.LEVEL_TEMPLATES[4])
+  with pytest.raises(ValueError, match=r"\['totals'\].*synthetic_templates"):
+    pipeline.load_examples(_config(synthetic_templates='total,totals'), 'eval')
+  with pytest.raises(ValueError, match='synthetic_unseen'):
+    synthetic.generate('eval', 4, 4, unseen=True, templates=('total',))
+
+
 def test_synthetic_rejects_bad_arguments():
   with pytest.raises(ValueError, match='difficulty'):
     synthetic.generate('train', 10, difficulty=5)

@@ -170,6 +170,12 @@ def _load_file(path, task='math', **columns):
   return gsm8k.load_file(path, **columns)
 
 
+def synthetic_templates(config):
+  """data.synthetic_templates as a tuple of names (() = the difficulty's)."""
+  names = config.data.get('synthetic_templates', '')
+  return tuple(n.strip() for n in names.split(',') if n.strip())
+
+
 def _load_source(name, config, split, limit):
   """Loads up to `limit` (0 = all) examples of `split` from one source."""
   if name in ('synthetic', 'synthetic_unseen'):
@@ -180,7 +186,8 @@ def _load_source(name, config, split, limit):
       )
     return synthetic.generate(
         split, limit, config.data.difficulty, config.data.seed,
-        unseen=name == 'synthetic_unseen')
+        unseen=name == 'synthetic_unseen',
+        templates=synthetic_templates(config) if name == 'synthetic' else ())
   if name == 'gsm8k_tfds':
     return gsm8k.load_tfds(split, config.data.path or None, limit)
   if name == 'gsm8k_hf':

@@ -626,7 +626,19 @@ def _check_difficulty(difficulty):
     )
 
 
-def generate(split, num_examples, difficulty=2, seed=0, unseen=False):
+def check_templates(templates):
+  """Raises ValueError unless every name is a key of `TEMPLATES`."""
+  unknown = [t for t in templates if t not in TEMPLATES]
+  if unknown or not templates:
+    raise ValueError(
+        f'Unknown synthetic template(s) {unknown or list(templates)!r} in '
+        f'data.synthetic_templates; use comma-separated names of '
+        f'{sorted(TEMPLATES)}, or \'\' for the difficulty\'s own.'
+    )
+
+
+def generate(split, num_examples, difficulty=2, seed=0, unseen=False,
+             templates=None):
   """Generates `num_examples` distinct word problems for a split.
 
   Args:
@@ -636,6 +648,9 @@ def generate(split, num_examples, difficulty=2, seed=0, unseen=False):
     seed: Non-negative integer; same arguments give the same examples.
     unseen: draw from `UNSEEN_TEMPLATES` instead of the difficulty's
       templates (the numbers still follow the difficulty).
+    templates: names of `TEMPLATES` to draw from instead of the
+      difficulty's (the numbers still follow the difficulty); not with
+      `unseen`.
 
   Returns:
     A list of dicts with 'question', 'answer' (integer as a string),
@@ -660,7 +675,15 @@ def generate(split, num_examples, difficulty=2, seed=0, unseen=False):
   if seed < 0:
     raise ValueError(f'data.seed must be >= 0, got {seed}.')
   want_eval = _SPLIT_CODES[split] == 1
-  if unseen:
+  if templates:
+    if unseen:
+      raise ValueError(
+          'The synthetic_unseen source draws its own templates; leave '
+          f'data.synthetic_templates empty (got {list(templates)!r}).'
+      )
+    check_templates(templates)
+    rng = np.random.default_rng([seed, _SPLIT_CODES[split], difficulty])
+  elif unseen:
     rng = np.random.default_rng([seed, _SPLIT_CODES[split], difficulty, 1])
     templates = UNSEEN_TEMPLATES
   else:
