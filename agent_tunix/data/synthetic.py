@@ -2,11 +2,12 @@
 
 Layer: data (bottom); imports only numpy and the standard library.
 
-`generate(split, n, difficulty, seed, unseen=False)` returns n distinct
-problems of difficulty 1 to 4 (`LEVEL_TEMPLATES`; `unseen=True` draws the
-`UNSEEN_TEMPLATES` of the `synthetic_unseen` source); train and eval never
-share a problem (`in_eval_part`). Each example names its template ('type')
-and expression ('shape'):
+`generate(split, n, difficulty, seed, unseen=False, templates=None)`
+returns n distinct problems of difficulty 1 to 4 (`LEVEL_TEMPLATES`;
+`unseen=True` draws the `UNSEEN_TEMPLATES` of the `synthetic_unseen`
+source; `templates`, data.synthetic_templates, the named ones); train and
+eval never share a problem (`in_eval_part`). Each example names its
+template ('type') and expression ('shape'):
 
   examples = synthetic.generate('train', 100, difficulty=2, seed=0)
   examples[0]  # {'question': ..., 'answer': '42', 'reasoning': ..., ...}
@@ -626,12 +627,12 @@ def _check_difficulty(difficulty):
     )
 
 
-def check_templates(templates):
+def _check_templates(templates):
   """Raises ValueError unless every name is a key of `TEMPLATES`."""
   unknown = [t for t in templates if t not in TEMPLATES]
-  if unknown or not templates:
+  if unknown:
     raise ValueError(
-        f'Unknown synthetic template(s) {unknown or list(templates)!r} in '
+        f'Unknown synthetic template(s) {unknown!r} in '
         f'data.synthetic_templates; use comma-separated names of '
         f'{sorted(TEMPLATES)}, or \'\' for the difficulty\'s own.'
     )
@@ -681,7 +682,7 @@ def generate(split, num_examples, difficulty=2, seed=0, unseen=False,
           'The synthetic_unseen source draws its own templates; leave '
           f'data.synthetic_templates empty (got {list(templates)!r}).'
       )
-    check_templates(templates)
+    _check_templates(templates)
     rng = np.random.default_rng([seed, _SPLIT_CODES[split], difficulty])
   elif unseen:
     rng = np.random.default_rng([seed, _SPLIT_CODES[split], difficulty, 1])
