@@ -16,6 +16,7 @@ from agent_tunix.agent import formats
 from agent_tunix.agent import tools
 from agent_tunix.data import gsm8k
 from agent_tunix.data import pipeline
+from agent_tunix.data import synthetic
 from agent_tunix.judge import checks as judge_checks
 from agent_tunix.models import families
 from agent_tunix.models import gemma
@@ -170,7 +171,28 @@ def _check_data(config, splits):
     components = pipeline.parse_source(config.data.source)
   except ValueError as e:
     raise ConfigError(f'config.data.source: {e}') from e
-  _check_data_files(config, [name for name, _ in components], splits)
+  names = [name for name, _ in components]
+  _check_synthetic_templates(config, names)
+  _check_data_files(config, names, splits)
+
+
+def _check_synthetic_templates(config, names):
+  """Named templates exist, and a synthetic source is there to draw them."""
+  chosen = pipeline.synthetic_templates(config)
+  if not chosen:
+    return
+  unknown = [t for t in chosen if t not in synthetic.TEMPLATES]
+  _require(
+      not unknown,
+      f'config.data.synthetic_templates: unknown template(s) {unknown}; use '
+      f'comma-separated names of {sorted(synthetic.TEMPLATES)}, or \'\'.',
+  )
+  _require(
+      {'synthetic', 'synthetic_unseen'} & set(names),
+      f'config.data.synthetic_templates={config.data.synthetic_templates!r} '
+      f'names templates, but config.data.source={config.data.source!r} '
+      "draws no synthetic problems; set it to '' or use a synthetic source.",
+  )
 
 
 def _check_data_files(config, names, splits):
