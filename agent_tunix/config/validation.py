@@ -181,12 +181,10 @@ def _check_synthetic_templates(config, names):
   chosen = pipeline.synthetic_templates(config)
   if not chosen:
     return
-  unknown = [t for t in chosen if t not in synthetic.TEMPLATES]
-  _require(
-      not unknown,
-      f'config.data.synthetic_templates: unknown template(s) {unknown}; use '
-      f'comma-separated names of {sorted(synthetic.TEMPLATES)}, or \'\'.',
-  )
+  try:
+    synthetic.check_templates(chosen)
+  except ValueError as e:
+    raise ConfigError(f'config.data.synthetic_templates: {e}') from e
   _require(
       {'synthetic', 'synthetic_unseen'} & set(names),
       f'config.data.synthetic_templates={config.data.synthetic_templates!r} '

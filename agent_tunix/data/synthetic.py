@@ -627,7 +627,7 @@ def _check_difficulty(difficulty):
     )
 
 
-def _check_templates(templates):
+def check_templates(templates):
   """Raises ValueError unless every name is a key of `TEMPLATES`."""
   unknown = [t for t in templates if t not in TEMPLATES]
   if unknown:
@@ -676,20 +676,18 @@ def generate(split, num_examples, difficulty=2, seed=0, unseen=False,
   if seed < 0:
     raise ValueError(f'data.seed must be >= 0, got {seed}.')
   want_eval = _SPLIT_CODES[split] == 1
-  if templates:
-    if unseen:
-      raise ValueError(
-          'The synthetic_unseen source draws its own templates; leave '
-          f'data.synthetic_templates empty (got {list(templates)!r}).'
-      )
-    _check_templates(templates)
-    rng = np.random.default_rng([seed, _SPLIT_CODES[split], difficulty])
-  elif unseen:
+  if templates and unseen:
+    raise ValueError(
+        'The synthetic_unseen source draws its own templates; leave '
+        f'data.synthetic_templates empty (got {list(templates)!r}).'
+    )
+  if unseen:
     rng = np.random.default_rng([seed, _SPLIT_CODES[split], difficulty, 1])
     templates = UNSEEN_TEMPLATES
   else:
     rng = np.random.default_rng([seed, _SPLIT_CODES[split], difficulty])
-    templates = LEVEL_TEMPLATES[difficulty]
+    check_templates(templates or ())
+    templates = templates or LEVEL_TEMPLATES[difficulty]
   examples, seen = [], set()
   budget = _MAX_DRAWS_PER_EXAMPLE * num_examples
   for _ in range(budget):
