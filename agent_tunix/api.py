@@ -1,7 +1,7 @@
 """The whole flow as functions, for notebooks: prepare, train, evaluate, ask.
 
   from agent_tunix import api
-  from configs import gemma3_270m
+  from agent_tunix.configs import gemma3_270m
 
   session = api.prepare(gemma3_270m.get_config('quick'), '/tmp/run')
   api.train(session)

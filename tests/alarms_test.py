@@ -18,8 +18,8 @@ from agent_tunix.config import validation
 from agent_tunix.run import alarms
 from agent_tunix.run import checkpoint
 from agent_tunix.run import train
-from configs import base
-from configs import tiny
+from agent_tunix.configs import base
+from agent_tunix.configs import tiny
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ from agent_tunix.data import prompts
 from agent_tunix.models import lora
 from agent_tunix.rl import evaluation
 from agent_tunix.run import lock as run_lock
-from configs import tiny
+from agent_tunix.configs import tiny
 # pylint: enable=g-import-not-at-top
 
 

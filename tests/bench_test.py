@@ -28,7 +28,7 @@ from agent_tunix.bench import tpu_preflight
 from agent_tunix.bench import tunix_step
 from agent_tunix.rl import grpo
 from agent_tunix.tpu import sharding
-from configs import tiny
+from agent_tunix.configs import tiny
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKIPPED = ('tunix', 'trl', 'memory')

@@ -12,7 +12,7 @@ import pytest
 from agent_tunix.config import field_reference
 from agent_tunix.config import validation
 from agent_tunix.rl import grpo
-from configs import base
+from agent_tunix.configs import base
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PRESETS = ('base', 'gemma3_270m', 'gemma3_1b', 'gemma3_4b', 'gemma3_12b',

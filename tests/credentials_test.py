@@ -8,10 +8,10 @@ import sys
 import pytest
 
 from agent_tunix import credentials
-from configs import base
-from configs import gemma3_1b
-from configs import gemma4_e2b
-from configs import tiny
+from agent_tunix.configs import base
+from agent_tunix.configs import gemma3_1b
+from agent_tunix.configs import gemma4_e2b
+from agent_tunix.configs import tiny
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 

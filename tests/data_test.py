@@ -17,7 +17,7 @@ from agent_tunix.data import gsm8k
 from agent_tunix.data import pipeline
 from agent_tunix.data import prompts
 from agent_tunix.data import synthetic
-from configs import base
+from agent_tunix.configs import base
 
 _EQUATION = re.compile(r'(\d+) ([-+*/]) (\d+) = (\d+)')
 

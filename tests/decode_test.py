@@ -29,7 +29,7 @@ from agent_tunix.models import gemma
 from agent_tunix.models import lora
 from agent_tunix.rl import rollout
 from agent_tunix.tpu import sharding
-from configs import tiny
+from agent_tunix.configs import tiny
 
 _PROMPT_LEN = 8
 _STEPS = 20  # Past the tiny model's 16-token sliding window.

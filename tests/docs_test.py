@@ -6,7 +6,7 @@
 * Every `python -m agent_tunix...` command quoted in the docs (in a code
   block, backslash continuations joined, or in an inline code span) names a
   module that runs as a program, and each of its `--flags` is one that the
-  command defines: `--config.a.b` a field of configs/base.py's get_config(),
+  command defines: `--config.a.b` a field of agent_tunix/configs/base.py's get_config(),
   `--config=FILE` an existing config file, any other flag one that the
   module, or a module of agent_tunix it imports, defines with
   `flags.DEFINE_*` (read from the source, nothing is run), or one of absl's
@@ -29,7 +29,7 @@ import shlex
 
 import pytest
 
-from configs import base
+from agent_tunix.configs import base
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PACKAGE = 'agent_tunix'
@@ -440,7 +440,7 @@ def _base_config():
 
 
 def is_config_field(dotted):
-  """Whether `a.b` names a field of configs/base.py's get_config()."""
+  """Whether `a.b` names a field of agent_tunix/configs/base.py's get_config()."""
   node = _base_config()
   for part in dotted.split('.'):
     if not hasattr(node, 'keys') or part not in node.keys():
@@ -475,7 +475,7 @@ def command_problems(path, text):
         field = name[len('config.'):]
         if field not in _PLACEHOLDER_FIELDS and not is_config_field(field):
           problems.append(f'{where}: --{name} is not a field of '
-                          'configs/base.py')
+                          'agent_tunix/configs/base.py')
       elif name not in known:
         problems.append(f'{where}: {module} defines no flag --{name}')
       elif name == 'config' and value and not _has_placeholder(value):
@@ -494,7 +494,7 @@ def config_override_problems(path, text):
       if field in _PLACEHOLDER_FIELDS or is_config_field(field):
         continue
       problems.append(f'{_rel(path)}:{line}: --config.{field} is not a field '
-                      f'of configs/base.py (nor a placeholder: '
+                      f'of agent_tunix/configs/base.py (nor a placeholder: '
                       f'{sorted(_PLACEHOLDER_FIELDS)})')
   return problems
 

@@ -18,7 +18,7 @@ from agent_tunix.rl import episodes
 from agent_tunix.rl import logprobs
 from agent_tunix.rl import rollout
 from agent_tunix.tpu import sharding
-from configs import tiny
+from agent_tunix.configs import tiny
 
 _PROMPT_LEN = 16
 _STEPS = 40

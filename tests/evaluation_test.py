@@ -16,7 +16,7 @@ import pytest
 from agent_tunix.config import validation
 from agent_tunix.rl import evaluation
 from agent_tunix.rl import rollout
-from configs import tiny
+from agent_tunix.configs import tiny
 
 _GOOD = '<reasoning>adds up</reasoning>\n<answer>{}</answer>'
 

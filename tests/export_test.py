@@ -51,7 +51,7 @@ from agent_tunix.models import lora
 from agent_tunix.models import tokenizer as tokenizer_lib
 from agent_tunix.run import checkpoint
 from agent_tunix.run import train
-from configs import tiny
+from agent_tunix.configs import tiny
 # pylint: enable=g-import-not-at-top
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -18,7 +18,7 @@ from agent_tunix.models import gemma4
 from agent_tunix.models import gemma4_gguf
 from agent_tunix.models import gemma4_hf
 from agent_tunix.models import weights
-from configs import base
+from agent_tunix.configs import base
 
 
 def _old_is_gemma4(preset):

@@ -24,7 +24,7 @@ from agent_tunix.run import divergence
 from agent_tunix.run import full_disk
 from agent_tunix.run import resolved_config
 from agent_tunix.run import train
-from configs import tiny
+from agent_tunix.configs import tiny
 import reward_fixtures
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -31,7 +31,7 @@ from agent_tunix.models import gemma3_gguf
 from agent_tunix.models import lora
 from agent_tunix.rl import logprobs
 from agent_tunix.tpu import sharding
-from configs import tiny_gemma4
+from agent_tunix.configs import tiny_gemma4
 # pylint: enable=g-import-not-at-top
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

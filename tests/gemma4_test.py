@@ -30,7 +30,7 @@ from agent_tunix.rl import logprobs
 from agent_tunix.rl import remat
 from agent_tunix.rl import rollout
 from agent_tunix.tpu import sharding
-from configs import tiny_gemma4
+from agent_tunix.configs import tiny_gemma4
 # pylint: enable=g-import-not-at-top
 
 _LEN = 12

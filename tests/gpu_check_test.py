@@ -116,7 +116,7 @@ def test_results_command_records_a_stage_it_was_told_of(tmp_path):
 def test_tools_workload_follows_the_tools_preset():
   # pylint: disable=g-import-not-at-top
   from agent_tunix.bench import gpu_check
-  from configs import gemma3_270m_tools
+  from agent_tunix.configs import gemma3_270m_tools
   preset = gemma3_270m_tools.get_config()
   config = gpu_check.workload_config(gpu_check.WORKLOADS['gpu']['tools'],
                                      'tok.model')

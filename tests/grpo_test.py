@@ -287,7 +287,7 @@ def test_hparams_epsilon_is_a_positive_clip_range():
 def test_hparams_from_base_config():
   import importlib.util  # pylint: disable=g-import-not-at-top
 
-  path = os.path.join(os.path.dirname(__file__), '..', 'configs', 'base.py')
+  path = os.path.join(os.path.dirname(__file__), '..', 'agent_tunix', 'configs', 'base.py')
   spec = importlib.util.spec_from_file_location('base_config', path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

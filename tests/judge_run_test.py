@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from agent_tunix.run import train
-from configs import tiny
+from agent_tunix.configs import tiny
 from tests import judge_fixtures
 from tests import train_test
 

@@ -15,7 +15,7 @@ from agent_tunix.data import rubrics
 from agent_tunix.judge import judge as judge_lib
 from agent_tunix.judge import prompts
 from agent_tunix.rewards import rubric as rubric_rewards
-from configs import base
+from agent_tunix.configs import base
 from tests import judge_fixtures
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -32,7 +32,7 @@ import numpy as np
 import tb_events
 
 from agent_tunix.run import train
-from configs import tiny
+from agent_tunix.configs import tiny
 
 _STEPS = 20
 # Steps 1-2 sample the initial policy: with 2 warmup steps, step 1's update

@@ -22,7 +22,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from agent_tunix.observe import metrics
 from agent_tunix.observe import writers
-from configs import base
+from agent_tunix.configs import base
 
 
 def _events(logdir):

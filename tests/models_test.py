@@ -28,8 +28,8 @@ from agent_tunix.models import gguf as gguf_lib
 from agent_tunix.models import lora
 from agent_tunix.models import tokenizer as tokenizer_lib
 from agent_tunix.tpu import sharding
-from configs import gemma3_270m
-from configs import tiny
+from agent_tunix.configs import gemma3_270m
+from agent_tunix.configs import tiny
 # pylint: enable=g-import-not-at-top
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,7 +54,7 @@ import numpy as np
 from agent_tunix.models import gemma
 from agent_tunix.models import gguf
 from agent_tunix.tpu import sharding
-from configs import gemma3_270m
+from agent_tunix.configs import gemma3_270m
 
 config = gemma3_270m.get_config()
 cfg = gemma.model_config(config.model)

@@ -29,7 +29,7 @@ from agent_tunix.preflight import report
 from agent_tunix.preflight import resident
 from agent_tunix.tpu import sharding
 from agent_tunix.tpu import topology as tpu_topology
-from configs import tiny
+from agent_tunix.configs import tiny
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -116,7 +116,7 @@ def test_the_gemma_judge_compiles_with_the_policy_programs():
 
 
 def test_a_judge_preset_counts_in_the_resident_bound():
-  from configs import gemma3_1b  # pylint: disable=g-import-not-at-top
+  from agent_tunix.configs import gemma3_1b  # pylint: disable=g-import-not-at-top
   config = gemma3_1b.get_config()
   config.data.task, config.rewards.functions = 'rubric', 'rubric_judge=1'
   config.data.source = 'jsonl'
@@ -390,7 +390,7 @@ from flax import nnx
 from agent_tunix.preflight import abstract
 from agent_tunix.run import train
 from agent_tunix.tpu import sharding
-from configs import tiny
+from agent_tunix.configs import tiny
 
 config = tiny.get_config()
 config.mesh.shape = (2, 2)
@@ -452,7 +452,7 @@ def test_gemma4_31b_on_a_small_slice_is_refused_before_compiling():
 
 
 def test_tiny_gemma4_programs_compile():
-  from configs import tiny_gemma4  # pylint: disable=g-import-not-at-top
+  from agent_tunix.configs import tiny_gemma4  # pylint: disable=g-import-not-at-top
   config = tiny_gemma4.get_config(
       'training.batch_size=4,training.micro_batch_size=2')
   config.mesh.shape = (2, 2)  # Heads over 'tp' too.
@@ -468,7 +468,7 @@ def test_tiny_gemma4_programs_compile():
 
 def test_moe_routing_cost_is_in_the_report():
   from agent_tunix.models import gemma4  # pylint: disable=g-import-not-at-top
-  from configs import tiny_gemma4  # pylint: disable=g-import-not-at-top
+  from agent_tunix.configs import tiny_gemma4  # pylint: disable=g-import-not-at-top
   config = tiny_gemma4.get_config(
       'model.preset=tiny_gemma4_moe,training.batch_size=4,'
       'training.micro_batch_size=2')

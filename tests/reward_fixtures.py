@@ -48,7 +48,7 @@ def _positive_side():
   # pylint: disable=g-import-not-at-top
   from agent_tunix.models import gemma
   from agent_tunix.tpu import sharding
-  from configs import tiny
+  from agent_tunix.configs import tiny
   # pylint: enable=g-import-not-at-top
   config = tiny.get_config()
   model = gemma.random_model(

@@ -527,7 +527,7 @@ def test_reward_set_total_is_weighted_sum(user_module):
 
 
 def _base_config():
-  path = pathlib.Path(__file__).parents[1] / 'configs' / 'base.py'
+  path = pathlib.Path(__file__).parents[1] / 'agent_tunix' / 'configs' / 'base.py'
   spec = importlib.util.spec_from_file_location('base_config', path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

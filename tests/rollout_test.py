@@ -13,7 +13,7 @@ from agent_tunix.data import pipeline
 from agent_tunix.models import decode
 from agent_tunix.rl import rollout
 from agent_tunix.tpu import sharding
-from configs import tiny
+from agent_tunix.configs import tiny
 
 EOS, END_OF_TURN = 1, 106  # Gemma 3's <eos> and <end_of_turn>.
 PAD = pipeline.PAD_ID
@@ -268,7 +268,7 @@ def test_parse_stop_sequences():
 
 def test_stop_sequences_from_config():
   from agent_tunix.config import validation  # pylint: disable=g-import-not-at-top
-  from configs import gemma3_270m  # pylint: disable=g-import-not-at-top
+  from agent_tunix.configs import gemma3_270m  # pylint: disable=g-import-not-at-top
   config = gemma3_270m.get_config()  # Plain few-shot template.
   assert rollout.stop_sequences_from_config(config) == ('\nQuestion:',)
   # The plain prompt's next example starts with the stop text.

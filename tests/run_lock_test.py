@@ -13,7 +13,7 @@ import pytest
 
 from agent_tunix.run import lock as run_lock
 from agent_tunix.run import train
-from configs import tiny
+from agent_tunix.configs import tiny
 
 
 def _write_owner(workdir, **fields):

@@ -17,7 +17,7 @@ from agent_tunix.config import validation
 from agent_tunix.rl import optimizer as optimizer_lib
 from agent_tunix.run import schedule
 from agent_tunix.run import train
-from configs import tiny
+from agent_tunix.configs import tiny
 
 
 def _config(num_steps, reset=False, mu=1):

@@ -58,8 +58,8 @@ from agent_tunix.rl import optimizer as optimizer_lib
 from agent_tunix.rl import rollout
 from agent_tunix.run import train
 from agent_tunix.tpu import sharding
-from configs import tiny
-from configs import tiny_gemma4
+from agent_tunix.configs import tiny
+from agent_tunix.configs import tiny_gemma4
 
 TAG = sys.argv[4]
 shapes = [tuple(s) for s in json.loads(sys.argv[1])]

@@ -23,7 +23,7 @@ from agent_tunix.rl import episodes
 from agent_tunix.rl import rollout
 from agent_tunix.rl import shared_prefix
 from agent_tunix.tpu import sharding
-from configs import tiny
+from agent_tunix.configs import tiny
 
 PAD = pipeline.PAD_ID
 _REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -200,7 +200,7 @@ from agent_tunix.data import pipeline
 from agent_tunix.models import gemma3
 from agent_tunix.rl import rollout
 from agent_tunix.tpu import sharding
-from configs import tiny
+from agent_tunix.configs import tiny
 
 original = gemma3.tiny_config
 gemma3.tiny_config = lambda **kw: dataclasses.replace(

@@ -19,7 +19,7 @@ from tensorboard.backend.event_processing import plugin_event_multiplexer
 from agent_tunix import sweep
 from agent_tunix.config import validation
 from agent_tunix.observe import metrics
-from configs import tiny
+from agent_tunix.configs import tiny
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 _LR = 'optimizer.learning_rate=1e-4,1e-3'

@@ -27,7 +27,7 @@ from agent_tunix import plot
 from agent_tunix import rewards
 from agent_tunix.run import checkpoint
 from agent_tunix.run import train
-from configs import tiny
+from agent_tunix.configs import tiny
 
 _REWARDS = 'format_approx=1,answer=1,reward_fixtures:text_length=1'
 _PER_STEP_SCALARS = (

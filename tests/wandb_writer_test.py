@@ -26,7 +26,7 @@ import tb_events
 from agent_tunix.config import validation
 from agent_tunix.observe import metrics
 from agent_tunix.observe import wandb_writer
-from configs import tiny
+from agent_tunix.configs import tiny
 
 
 class _FakeRun:

@@ -36,7 +36,7 @@ def quick_config():
   """configs/tiny.py shrunk for a smoke run."""
   if options.REPO_ROOT not in sys.path:
     sys.path.insert(0, options.REPO_ROOT)
-  from configs import tiny  # pylint: disable=g-import-not-at-top
+  from agent_tunix.configs import tiny  # pylint: disable=g-import-not-at-top
   config = tiny.get_config()
   config.generation.max_prompt_length = 32
   config.generation.max_generation_steps = 8

@@ -16,7 +16,8 @@ SECTIONS = ('grpo', 'tunix', 'trl', 'decode', 'episodes', 'memory',
 REPO_ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
-_DEFAULT_CONFIG = os.path.join(REPO_ROOT, 'configs', 'gemma3_270m.py')
+_DEFAULT_CONFIG = os.path.join(REPO_ROOT, 'agent_tunix', 'configs',
+                               'gemma3_270m.py')
 
 
 class _Value:

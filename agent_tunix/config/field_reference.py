@@ -5,7 +5,7 @@ r"""Generates docs/configuration.md, the reference of every config field.
       --output=docs/configuration.md                  # write it
 
 A field's description is the comment block written directly above its
-`config.section.field = ...` line in configs/base.py; a field assigned on the
+`config.section.field = ...` line in agent_tunix/configs/base.py; a field assigned on the
 line right after another one, with no comment of its own, shares that field's
 description (as the AdamW betas do). A comment line `# -- Title` standing
 alone (a blank line below it) starts a group of fields within a section:
@@ -24,7 +24,7 @@ from absl import app
 from absl import flags
 
 from agent_tunix import cli
-from configs import base
+from agent_tunix.configs import base
 
 
 HEADING = '# Configuration'
@@ -38,14 +38,14 @@ _OUTPUT = flags.DEFINE_string(
 )
 
 _INTRO = """\
-Every field of `configs/base.py` with its default there; the presets in
-`configs/` change some of them. Override a field on the command line
+Every field of `agent_tunix/configs/base.py` with its default there; the
+presets beside it change some of them. Override a field on the command line
 (`--config.grpo.num_generations=8`) or after the config file
 (`--config=configs/gemma3_270m.py:model.lora_rank=8,quick`). The config is
 locked, so a misspelled field name is an error.
 
-This page is generated from the comments in `configs/base.py`; edit those
-and regenerate it with
+This page is generated from the comments in `agent_tunix/configs/base.py`;
+edit those and regenerate it with
 
 ```sh
 python -m agent_tunix.config.field_reference --output=docs/configuration.md
@@ -68,7 +68,7 @@ def field_comments(source):
   """{'section.field': description} in the order fields appear in `source`.
 
   Args:
-    source: the text of configs/base.py.
+    source: the text of agent_tunix/configs/base.py.
 
   Returns:
     An ordered dict from dotted field name to its comment text (comment lines
@@ -109,7 +109,7 @@ def field_comments(source):
       fields[name] = fields[previous_name]
     else:
       raise ValueError(
-          f'configs/base.py line {node.lineno}: config.{name} has no comment '
+          f'agent_tunix/configs/base.py line {node.lineno}: config.{name} has no comment '
           'above it. Add one line saying what the field does.'
       )
     previous_name, previous_end = name, node.end_lineno
@@ -123,7 +123,7 @@ def field_groups(source):
   """{'section.field': title} for the first field after each `# -- Title`.
 
   Args:
-    source: the text of configs/base.py.
+    source: the text of agent_tunix/configs/base.py.
   """
   titles = {}
   for tok in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -168,7 +168,7 @@ def render_markdown():
   }
   if documented != actual:
     raise ValueError(
-        'configs/base.py: fields set outside the plain '
+        'agent_tunix/configs/base.py: fields set outside the plain '
         '`config.section.field = value` form cannot be documented: '
         f'{sorted(actual ^ documented)}.'
     )

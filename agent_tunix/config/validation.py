@@ -63,7 +63,7 @@ def validate(config, num_devices=None, process_count=1, workdir=None,
   """Raises ConfigError for the first invalid field found.
 
   Every float is checked to be finite first, then each section by its
-  `_check_<section>`, in the order of configs/base.py, then the workdir. A
+  `_check_<section>`, in the order of agent_tunix/configs/base.py, then the workdir. A
   check that reads fields of other sections sits in the section it is about
   (the batch split over the mesh in `_check_mesh`, after the training and
   grpo checks). Reads only: it creates and writes nothing.

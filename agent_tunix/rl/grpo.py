@@ -311,7 +311,7 @@ def hparams_from_config(config: Any) -> StepHParams:
   temperature is `generation.temperature` (1 when it is 0: greedy rollouts).
 
   Args:
-    config: the ml_collections config (see configs/base.py).
+    config: the ml_collections config (see agent_tunix/configs/base.py).
 
   Returns:
     The static hyperparameters of the update.

@@ -30,7 +30,7 @@ from agent_tunix import export, models
 from agent_tunix.models import lora
 from agent_tunix.rl import logprobs
 from agent_tunix.tpu import sharding
-from configs import tiny_gemma4
+from agent_tunix.configs import tiny_gemma4
 
 root = os.environ['LLAMA_CPP']
 work = tempfile.mkdtemp()

@@ -24,7 +24,7 @@ from agent_tunix import export, models
 from agent_tunix.models import gemma, lora
 from agent_tunix.rl import logprobs
 from agent_tunix.tpu import sharding
-from configs import tiny_gemma4
+from agent_tunix.configs import tiny_gemma4
 
 def ours_logits(model, tokens):
   t = jnp.asarray(tokens); mask = jnp.ones(t.shape, bool)
