@@ -4,12 +4,13 @@ r"""How often the configured judge agrees with labelled verdicts, as JSON.
 
 Reads the rubric rows of data.path's eval split that carry `labels`, a
 list of {"response": ..., "met": [bool per rubric item]} (the shipped
-data/rubrics rows have three each: a right answer, a right answer with
-the important fact, a wrong answer), asks the judge about every labelled
-response, and prints {"item_agreement": share of item verdicts equal to
-the label, "item_agreement_by_category": {...}, "ranking_accuracy": share
-of rows whose highest-labelled response the judge also scores highest
-(ties count as misses), "num_rows", "num_verdicts"}. The judge's own
+agent_tunix/configs/rubrics rows have three each: a right answer, a right
+answer with the important fact, a wrong answer), asks the judge about
+every labelled response, and prints {"item_agreement": share of item
+verdicts equal to the label, "item_agreement_by_category": {...},
+"ranking_accuracy": share of rows whose highest-labelled response the
+judge also scores highest (ties count as misses), "num_rows",
+"num_verdicts"}. The judge's own
 verdicts (P(yes) > 0.5 for the Gemma judge) are compared; nothing is
 written.
 """

@@ -15,7 +15,7 @@ from tests import judge_fixtures
 from tests import train_test
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
-_DATA = str(_REPO / 'data' / 'rubrics' / '{split}.jsonl')
+_DATA = str(_REPO / 'agent_tunix/configs/rubrics/{split}.jsonl')
 
 
 def _rubric_config(url, **judge):

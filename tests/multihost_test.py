@@ -86,7 +86,7 @@ _VARIANTS = {
     # of them in the same batches on every process.
     'rubrics': (
         '--config.data.task=rubric', '--config.data.source=jsonl',
-        '--config.data.path=data/rubrics/{split}.jsonl',
+        '--config.data.path=agent_tunix/configs/rubrics/{split}.jsonl',
         '--config.data.reference_column=reference_answer',
         '--config.rewards.functions=rubric_judge=1',
         '--config.judge.backend=gemma', '--config.judge.canary=False',

@@ -91,7 +91,7 @@ def test_the_gemma_judge_compiles_with_the_policy_programs():
   config = _tiny(**{'training.batch_size': 4,
                     'training.micro_batch_size': 2,
                     'data.task': 'rubric', 'data.source': 'jsonl',
-                    'data.path': str(_REPO / 'data' / 'rubrics' /
+                    'data.path': str(_REPO / 'agent_tunix/configs/rubrics' /
                                      '{split}.jsonl'),
                     'rewards.functions': 'rubric_judge=1',
                     'judge.backend': 'gemma', 'judge.batch_size': 8})
@@ -120,7 +120,7 @@ def test_a_judge_preset_counts_in_the_resident_bound():
   config = gemma3_1b.get_config()
   config.data.task, config.rewards.functions = 'rubric', 'rubric_judge=1'
   config.data.source = 'jsonl'
-  config.data.path = str(_REPO / 'data' / 'rubrics' / '{split}.jsonl')
+  config.data.path = str(_REPO / 'agent_tunix/configs/rubrics/{split}.jsonl')
   config.judge.backend = 'gemma'
   spec, devices = command.prepare(config, 'v5e:2x2')
   mesh = sharding.make_mesh(config.mesh, devices=devices)

@@ -1,10 +1,11 @@
 """Gemma 3 270M (pretrained) trained on rubric rows, judged by itself.
 
 The policy answers the shipped general-knowledge rubric rows
-(data/rubrics: 36 train, 12 held out; four items each: the answer, a
-fact, at most two sentences, a pitfall), and the `rubric_judge` reward
-asks the in-process Gemma judge (the same 270M base weights with LoRA
-off) for P(yes) on every item. No server, no network:
+(agent_tunix/configs/rubrics, installed with the package: 36 train, 12
+held out; four items each: the answer, a fact, at most two sentences, a
+pitfall), and the `rubric_judge` reward asks the in-process Gemma judge
+(the same 270M base weights with LoRA off) for P(yes) on every item. No
+server, no network:
 
   python -m agent_tunix.main --config=configs/gemma3_270m_rubrics.py --workdir=/tmp/rubrics
 
@@ -17,7 +18,7 @@ prompt the pretrained 270M is no judge: it agrees with 61.8% of the 144
 labelled item verdicts of the 12 held-out rows (saying "yes" to every item
 would agree with 58.3%) and ranks the best labelled answer first in 0 of
 12 rows. Asked about the response and the criterion alone
-(data/rubrics/judge_item_prompt.txt, this preset's judge.prompt_file,
+(rubrics/judge_item_prompt.txt, this preset's judge.prompt_file,
 chosen on the 36 training rows, where it ranks 29 of 36 first against 3
 of 36) it ranks 7 of the 12 held-out rows right (chance: 4), with 58.3%
 agreement (still yes to nearly every item). Both prompts fail the canary
@@ -40,8 +41,8 @@ import os
 from agent_tunix.configs import base
 from agent_tunix.configs import gemma3_270m
 
-_RUBRICS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), 'data', 'rubrics')
+# Package data next to this file (installed with the package).
+_RUBRICS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'rubrics')
 _DATA = os.path.join(_RUBRICS, '{split}.jsonl')
 
 
