@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The accelerator check: measures the trainer on a lent GPU in one command.
+# The accelerator check: measures the trainer on a GPU machine in one command.
 #
 #   bash launch/gpu_check.sh --bundle=.whl/gpu_bundle    # here: the wheels
 #   bash launch/gpu_check.sh --out=DIR                   # there: the check
 #   bash launch/gpu_check.sh --rehearse --out=DIR        # here, on the CPU
 #
-# --bundle=B (alone) builds, on a machine with PyPI, the folder the lent
-#   machine needs (agent_tunix/bench/gpu_bundle.py): the wheels it lacks
+# --bundle=B (alone) builds, on a machine with PyPI, the folder the GPU
+#   machine needs (launch/gpu_bundle.py): the wheels it lacks
 #   for the training path (read off the import graph), pinned fallbacks and
 #   the SentencePiece model; at most 40 MiB; prints its size.
-#   --python_tag=312 (default) is the lent machine's CPython.
+#   --python_tag=312 (default) is the GPU machine's CPython.
 # --out=DIR runs there, from the repo root, with B carried (default
 #   .whl/gpu_bundle): installs B's wheels with pip --no-index --no-deps
 #   --target, prints versions and devices, runs an import smoke test (with
@@ -23,7 +23,7 @@
 #   the output.
 # --rehearse --out=DIR does the same here on the CPU at tiny shapes: a bundle
 #   for this Python (DIR/bundle), a fresh virtualenv DIR/venv holding only
-#   the packages the lent machine has that the training path imports (the
+#   the packages the GPU machine has that the training path imports (the
 #   versions installed here), the bundle installed on top with --no-deps
 #   --target, then --out. Under 10 minutes on 2 cores.
 #
@@ -89,7 +89,7 @@ build_bundle() {
   local dest tag="$2"
   mkdir -p "$1"
   dest="$(cd "$1" && pwd)"
-  (cd "$REPO_DIR" && "$PYTHON" -m agent_tunix.bench.gpu_bundle \
+  (cd "$REPO_DIR" && "$PYTHON" launch/gpu_bundle.py \
       --dest="$dest" --python_tag="$tag")
   du -sh "$dest"
 }

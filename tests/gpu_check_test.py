@@ -1,16 +1,32 @@
 """The GPU check's cheap parts: the bundle listing and the results files.
 
 The listing test imports the training path twice in child interpreters
-(seconds): once to classify what it needs, once seeing only the lent
-machine's packages and the bundle's.
+(seconds): once to classify what it needs, once seeing only the GPU
+machine's packages and the bundle's. The bundler is a script,
+launch/gpu_bundle.py, loaded here from its path.
 """
 
+import importlib.util
 import json
 import os
+import pathlib
+import subprocess
+import sys
 import textwrap
 
-from agent_tunix.bench import gpu_bundle
 from agent_tunix.bench import gpu_results
+
+
+def _load_bundler():
+  path = pathlib.Path(__file__).resolve().parents[1] / 'launch/gpu_bundle.py'
+  spec = importlib.util.spec_from_file_location('gpu_bundle', path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # dataclasses look their module up
+  spec.loader.exec_module(module)
+  return module
+
+
+gpu_bundle = _load_bundler()
 
 
 def test_training_path_imports_only_machine_and_bundle_packages():
@@ -133,3 +149,12 @@ def test_tools_workload_follows_the_tools_preset():
                                    'tok.model')
   assert (main.training.batch_size, main.grpo.num_generations,
           main.generation.max_generation_steps) == (64, 8, 256)
+
+
+def test_bundler_runs_as_a_script_from_any_folder(tmp_path):
+  script = pathlib.Path(gpu_bundle.__file__)
+  proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path,
+                        capture_output=True, text=True, check=False)
+  # It got as far as its flags: the package imported, the usage refused.
+  assert proc.returncode == 2, proc.stderr
+  assert '--dest=DIR' in proc.stderr

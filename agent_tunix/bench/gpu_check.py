@@ -13,7 +13,7 @@ it goes on with the next stage. --shapes: gpu (`WORKLOADS`: the 270M and
 the 1B, random weights, bfloat16) or tiny (the CPU rehearsal).
 
 Layer: commands (bench); may import any layer of agent_tunix.
-Design notes: docs/benchmarks.md, 'A lent GPU: launch/gpu_check.sh'.
+Design notes: docs/benchmarks.md, the section on launch/gpu_check.sh.
 """
 
 import dataclasses

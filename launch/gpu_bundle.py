@@ -1,10 +1,12 @@
-r"""The wheels a lent GPU machine lacks, found by walking our imports.
+r"""The wheels the GPU machine lacks, found by walking our imports.
 
-  python -m agent_tunix.bench.gpu_bundle --list
-  python -m agent_tunix.bench.gpu_bundle --dest=.whl/gpu_bundle --python_tag=312
+  python launch/gpu_bundle.py --list
+  python launch/gpu_bundle.py --dest=.whl/gpu_bundle --python_tag=312
 
-Layer: commands (bench), but it imports only the standard library and absl
-at the top, so that the import walk's child starts from a clean interpreter.
+A script beside launch/gpu_check.sh, which runs it (--bundle), not a part of
+the package. It imports only the standard library and absl at the top, so
+that the import walk's child starts from a clean interpreter; the package
+(agent_tunix.cli, the tokenizer) is imported only where it is used.
 
 `listing()` walks `TRAINING_PATH` in a child interpreter behind an import
 hook (`_Hook`) and splits what it imports into what the machine has
@@ -13,7 +15,7 @@ the path with only the machine's packages and the bundle's visible;
 `download()` writes the bundle: wheels/, pins/, tokenizer.model and
 bundle.json.
 
-Design notes: docs/benchmarks.md, 'A lent GPU: launch/gpu_check.sh'.
+Design notes: docs/benchmarks.md, the section on launch/gpu_check.sh.
 """
 
 import ast
@@ -32,13 +34,9 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from agent_tunix import cli
-
-REPO_ROOT = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)
-MACHINE_PACKAGES = os.path.join(REPO_ROOT, 'launch',
-                                'gpu_machine_packages.txt')
+LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(LAUNCH_DIR)
+MACHINE_PACKAGES = os.path.join(LAUNCH_DIR, 'gpu_machine_packages.txt')
 # What the GPU check imports: the trainer's command, the benchmark stages
 # (ours and tunix's GRPO step, decode) and the tunix modules the tunix stage
 # imports inside its function.
@@ -261,7 +259,8 @@ def walk(modules, allowed, mode, timeout=600):
     env = dict(os.environ, JAX_PLATFORMS='cpu')
     env['PYTHONPATH'] = os.pathsep.join(
         p for p in (REPO_ROOT, env.get('PYTHONPATH', '')) if p)
-    code = ('import sys; from agent_tunix.bench import gpu_bundle; '
+    code = (f'import sys; sys.path.insert(0, {LAUNCH_DIR!r}); '
+            'import gpu_bundle; '
             'gpu_bundle._walk_child(sys.argv[1], sys.argv[2])')
     proc = subprocess.run(
         [sys.executable, '-c', code, request, result], env=env,
@@ -430,12 +429,15 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  # Run as a script, its folder is on sys.path, not the package's.
+  sys.path.insert(0, REPO_ROOT)
+  from agent_tunix import cli  # pylint: disable=g-import-not-at-top
   # Defined here, not at import: the import walk's child imports this module
   # before the trainer, whose commands define flags of their own.
   flags.DEFINE_bool('list', False, 'Print the listing (JSON) and exit.')
   flags.DEFINE_string('dest', '', 'Write the bundle here.')
   flags.DEFINE_string(
       'python_tag', '312',
-      "CPython tag of the machine's interpreter: 312 for the lent GPU "
-      "machine; the rehearsal passes this machine's.")
+      "CPython tag of the machine's interpreter: 312 for the GPU machine; "
+      "the rehearsal passes this machine's.")
   cli.run(main)
