@@ -112,25 +112,7 @@ def read_gguf_vocab(path):
         f'GGUF file not found: {path!r}. Set config.model.path to a Gemma '
         'GGUF file, or leave it empty for the packaged Gemma 3 270M.'
     )
-  hasher = hashlib.sha256(f'agent_tunix-spm-{_CACHE_FORMAT}'.encode())
-  meta = {}
-  with open(path, 'rb') as f:
-    if os.fstat(f.fileno()).st_size < 24:
-      raise ValueError(
-          f'{path!r} is not a GGUF file: it is shorter than a GGUF header.'
-      )
-    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-      parser = gguf_lib.MetadataParser(buf, path)
-      for _ in range(parser.header()):
-        start = parser.offset
-        key = parser.string()
-        (value_type,) = parser.unpack('I')
-        keep = key.startswith('tokenizer.')
-        value = parser.value(value_type, keep)
-        if keep:
-          meta[key] = value
-          hasher.update(buf[start:parser.offset])
-
+  meta, digest = _tokenizer_metadata(path)
   model = meta.get('tokenizer.ggml.model')
   if model not in (_EXPECTED_TOKENIZER_MODEL, _BPE_TOKENIZER_MODEL):
     raise ValueError(
@@ -156,17 +138,62 @@ def read_gguf_vocab(path):
           "config.model.tokenizer_path to the model's tokenizer.json.")
     if 'tokenizer.ggml.scores' not in meta:  # BPE files may leave them out.
       meta['tokenizer.ggml.scores'] = np.full(len(tokens), -1000.0)
+  arrays = _per_token_arrays(path, meta, len(tokens))
+  return GGUFVocab(
+      tokens=tokens,
+      scores=arrays['scores'].astype(np.float32),
+      token_types=arrays['token_type'].astype(np.int32),
+      special_ids=_special_ids(path, meta, len(tokens)),
+      digest=digest,
+      model=model,
+      merges=merges,
+  )
+
+
+def _tokenizer_metadata(path):
+  """({key: value} of a GGUF file's tokenizer.* metadata, digest).
+
+  The digest is the sha256 of those entries' raw bytes and _CACHE_FORMAT.
+  """
+  hasher = hashlib.sha256(f'agent_tunix-spm-{_CACHE_FORMAT}'.encode())
+  meta = {}
+  with open(path, 'rb') as f:
+    if os.fstat(f.fileno()).st_size < 24:
+      raise ValueError(
+          f'{path!r} is not a GGUF file: it is shorter than a GGUF header.'
+      )
+    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+      parser = gguf_lib.MetadataParser(buf, path)
+      for _ in range(parser.header()):
+        start = parser.offset
+        key = parser.string()
+        (value_type,) = parser.unpack('I')
+        keep = key.startswith('tokenizer.')
+        value = parser.value(value_type, keep)
+        if keep:
+          meta[key] = value
+          hasher.update(buf[start:parser.offset])
+  return meta, hasher.hexdigest()
+
+
+def _per_token_arrays(path, meta, vocab_size):
+  """{'scores', 'token_type': np.ndarray}, checked one entry per token."""
   arrays = {}
   for name in ('scores', 'token_type'):
     key = f'tokenizer.ggml.{name}'
     array = meta.get(key)
     found = 'none' if array is None else f'{len(array)} entries'
-    if array is None or len(array) != len(tokens):
+    if array is None or len(array) != vocab_size:
       raise ValueError(
-          f'{path!r}: expected {key} with {len(tokens)} entries (one per '
+          f'{path!r}: expected {key} with {vocab_size} entries (one per '
           f'token), found {found}.'
       )
     arrays[name] = np.asarray(array)
+  return arrays
+
+
+def _special_ids(path, meta, vocab_size):
+  """{'pad', 'eos', 'bos', 'unk': id}, Gemma's where the file says none."""
   special_ids = {}
   for name, key in (('pad', 'padding'), ('eos', 'eos'), ('bos', 'bos'),
                     ('unk', 'unknown')):
@@ -174,20 +201,12 @@ def read_gguf_vocab(path):
     special_ids[name] = int(
         _DEFAULT_SPECIAL_IDS[name] if value is None else value
     )
-    if not 0 <= special_ids[name] < len(tokens):
+    if not 0 <= special_ids[name] < vocab_size:
       raise ValueError(
           f'{path!r}: tokenizer.ggml.{key}_token_id is {special_ids[name]}, '
-          f'expected an id below the vocabulary size {len(tokens)}.'
+          f'expected an id below the vocabulary size {vocab_size}.'
       )
-  return GGUFVocab(
-      tokens=tokens,
-      scores=arrays['scores'].astype(np.float32),
-      token_types=arrays['token_type'].astype(np.int32),
-      special_ids=special_ids,
-      digest=hasher.hexdigest(),
-      model=model,
-      merges=merges,
-  )
+  return special_ids
 
 
 def _build_proto(vocab, path):
