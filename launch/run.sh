@@ -257,7 +257,7 @@ if ((!skip_preflight)); then
 fi
 
 # The script each worker runs inside tmux. The trainer runs in a subshell
-# that records its pid (stop.sh signals it) and execs python; `tee -i`
+# that records its pid (launch/stop.sh signals it) and execs python; `tee -i`
 # ignores Ctrl-C so the log keeps the trainer's last words.
 trainer="$REMOTE_VENV/bin/python -m agent_tunix.main --multihost"
 trainer+=" $(quote_all "--config=$config" "--workdir=$workdir")"

@@ -1,4 +1,4 @@
-"""Faults found by a tester (issue 21), on the tiny model (CPU).
+"""Faults a tester would try, on the tiny model (CPU).
 
 Divergence never reaches a checkpoint; each refusal names the culprit and
 the fix.

@@ -1,6 +1,6 @@
 """Tests of agent_tunix.run.log_mirror: a worker's log copied to the workdir.
 
-Local copies in-process; the command as launch/run.sh runs it (stopped by
+Local copies in-process; the command as launch/run.sh runs it (ended by
 its marker line, or by SIGTERM), locally and on gs:// through the Cloud
 Storage emulator (tests/gcs_emulator.py).
 """

@@ -357,11 +357,11 @@ def test_pod_life_on_local_workers(tmp_path, gcs, pod):
     assert f'Process {i} of {_WORKERS}, 1 local / {_WORKERS} global' in (
         pod.log(i)), pod.logs_tail()
     assert 'exited with status 3' in pod.log(i), pod.logs_tail()
-  stopped = [line for line in pod.log(0).splitlines()
+  said = [line for line in pod.log(0).splitlines()
              if 'Stopped after step' in line]
-  assert stopped, pod.logs_tail()
-  step = int(stopped[-1].split('Stopped after step ')[1].split(',')[0])
-  assert step < _NUM_STEPS, stopped
+  assert said, pod.logs_tail()
+  step = int(said[-1].split('Stopped after step ')[1].split(',')[0])
+  assert step < _NUM_STEPS, said
 
   # The same command again resumes from the checkpoint on gs://.
   pod.expect('run.sh', *pod.run_args(workdir))

@@ -11,6 +11,7 @@ from tunix.models.gemma3 import model as gemma3_lib
 from agent_tunix import models
 from agent_tunix.data import pipeline
 from agent_tunix.models import decode
+from agent_tunix.models import tunix_adapter
 from agent_tunix.rl import rollout
 from agent_tunix.tpu import sharding
 from agent_tunix.configs import tiny
@@ -135,17 +136,28 @@ def test_sampling_depends_on_the_seed_only(tiny_rollout, prompts):
   assert not np.array_equal(first[0], first[1])
 
 
+def _tunix_prefill_start(sampler):
+  """A `Rollout.start` for G = 1 that runs tunix's own prefill (logits at
+  every prompt position): the reference the shared prefill is held to."""
+
+  def start(prompt_tokens, total_steps, seed, num_generations, **sampling):
+    assert num_generations == 1
+    state = sampler.init_state(prompt_tokens, total_steps, seed, **sampling)
+    return tunix_adapter.prefill_fn(sampler.sampler)(
+        sampler.params, state, None, echo=False)
+
+  return start
+
+
 @pytest.mark.parametrize('temperature', [0.0, 1.0])
 def test_shared_prompt_prefill_equals_repeated_rows(tiny_rollout, prompts,
                                                     temperature, monkeypatch):
   sampler, _ = tiny_rollout
   distinct = prompts[::2]  # The fixture repeats each prompt twice.
   sampling = dict(temperature=temperature, top_k=8, top_p=0.95)
-  sampler.tunix_prefill = True  # tunix's own prefill on every row.
-  try:
+  with monkeypatch.context() as patch:  # tunix's own prefill on every row.
+    patch.setattr(sampler, 'start', _tunix_prefill_start(sampler))
     want = sampler.generate(prompts, _STEPS, seed=3, **sampling)
-  finally:
-    sampler.tunix_prefill = False
   # G = 1 runs the same last-position prefill as G > 1, not tunix's
   # all-position one.
   def all_position_prefill(*args, **kwargs):
@@ -307,12 +319,12 @@ def test_stop_sequences_on_the_tiny_model(tiny_model, tiny_rollout, prompts,
   free = sampler.generate(prompts, steps, seed=0)  # Greedy, no stops.
   assert free.lengths.min() > 4  # No end token early: the stops end rows.
   # One stop text per distinct prompt (rows 0 and 2), from tokens 2..3.
-  stops = tuple(tokenizer.decode(free.tokens[r, 2:4].tolist())
+  cut_texts = tuple(tokenizer.decode(free.tokens[r, 2:4].tolist())
                 for r in (0, 2))
-  assert all(stops), stops
+  assert all(cut_texts), cut_texts
   stopping = rollout.Rollout(
       model, tokenizer, cache_size=32, cpu_decode_graph=cpu_graph,
-      stop_sequences=stops, decode_chunk_steps=2)
+      stop_sequences=cut_texts, decode_chunk_steps=2)
   assert stopping.cpu_decode_graph == cpu_graph
   decode_loop = stopping.sampler._compiled_decode_fn  # pylint: disable=protected-access
   limits = []
@@ -326,7 +338,7 @@ def test_stop_sequences_on_the_tiny_model(tiny_model, tiny_rollout, prompts,
   ends = []
   for r in range(len(prompts)):
     want = min(_linear_stop_end(tokenizer, free.tokens[r], s) or steps
-               for s in stops)
+               for s in cut_texts)
     assert want <= 3
     ends.append(want)
     assert out.lengths[r] == want + 1, r
@@ -335,7 +347,7 @@ def test_stop_sequences_on_the_tiny_model(tiny_model, tiny_rollout, prompts,
     assert (out.tokens[r, want + 1:] == PAD).all()
     assert (out.mask[r, want + 1:] == 0).all()
     assert (out.logps[r, want + 1:] == 0).all()
-    assert not any(stop in out.texts[r] for stop in stops)
+    assert not any(cut in out.texts[r] for cut in cut_texts)
     text = tokenizer.decode(free.tokens[r, :want + 1].tolist())
     assert text.startswith(out.texts[r])
   assert not out.truncated.any()

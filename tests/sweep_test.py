@@ -140,7 +140,7 @@ def test_summary_of_finished_stopped_and_new_runs(tmp_path):
   config = _config(training__num_steps=4)
   a, b, c = sweep.grid(config, str(tmp_path), sweep.parse_sweeps(
       ['optimizer.learning_rate=1e-4,2e-4,3e-4'], config))
-  finished, stopped = pathlib.Path(a.workdir), pathlib.Path(b.workdir)
+  finished, halted = pathlib.Path(a.workdir), pathlib.Path(b.workdir)
   _write_events(finished, {
       0: {'accuracy': 0.25, 'accuracy_stderr': 0.1},
       2: {'accuracy': 0.5, 'accuracy_stderr': 0.125},
@@ -149,8 +149,8 @@ def test_summary_of_finished_stopped_and_new_runs(tmp_path):
           'pass_at_k': 0.625, 'pass_at_k_stderr': 0.125}},
       train_steps=range(1, 5))
   _checkpoints(finished, 2, 4)
-  _write_events(stopped, {0: {'accuracy': 0.25}, 2: {'accuracy': 0.125}})
-  _checkpoints(stopped, 2)
+  _write_events(halted, {0: {'accuracy': 0.25}, 2: {'accuracy': 0.125}})
+  _checkpoints(halted, 2)
 
   said = []
 

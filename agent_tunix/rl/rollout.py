@@ -88,6 +88,15 @@ class Completions:
     """float32 [N, C]: 1 on the tokens the model reads (`input_mask`)."""
     return self.mask if self.input_mask is None else self.input_mask
 
+  def subset(self, rows):
+    """The completions of `rows` (indices), in that order."""
+    pick = lambda x: None if x is None else x[rows]
+    return Completions(
+        self.tokens[rows], self.mask[rows], self.lengths[rows],
+        self.truncated[rows], [self.texts[i] for i in rows],
+        pick(self.logps), pick(self.input_mask),
+        None if self.episodes is None else [self.episodes[i] for i in rows])
+
 
 def end_token_ids(tokenizer):
   """<eos> and the end of a turn (Gemma 3 `<end_of_turn>`, Gemma 4 `<turn|>`):
@@ -122,11 +131,11 @@ def parse_stop_sequences(text):
   """
   if not text:
     return ()
-  stops, current = [], []
+  texts, current = [], []
   parts = re.split(r'(\\.?|\|)', text, flags=re.DOTALL)
   for part in parts:
     if part == '|':
-      stops.append(''.join(current))
+      texts.append(''.join(current))
       current = []
     elif part.startswith('\\'):
       if part[1:] not in _STOP_ESCAPES:
@@ -137,13 +146,13 @@ def parse_stop_sequences(text):
       current.append(_STOP_ESCAPES[part[1:]])
     else:
       current.append(part)
-  stops.append(''.join(current))
-  if not all(stops):
+  texts.append(''.join(current))
+  if not all(texts):
     raise ValueError(
         f'generation.stop_sequences={text!r} has an empty stop text; '
         "separate texts with single '|' and write none at either end."
     )
-  return tuple(stops)
+  return tuple(texts)
 
 
 def stop_sequences_from_config(config):
@@ -170,6 +179,21 @@ def sampling_args(temperature, top_k, top_p):
   return dict(temperature=float(temperature),
               top_p=None if greedy else float(top_p),
               top_k=None if greedy or not top_k else int(top_k))
+
+
+def compile_decode_loop(loop, cpu_decode_graph):
+  """`jax.jit` of a decode loop (params, state, ...) -> state, its state
+  donated; on models.decode's CPU graph traced with its sampling and
+  compiled with `decode.DECODE_COMPILER_OPTIONS`."""
+  if not cpu_decode_graph:
+    return jax.jit(loop, donate_argnums=(1,))
+
+  def decode_with_cpu_sampling(*args):
+    with decode.cpu_sampling():
+      return loop(*args)
+
+  return jax.jit(decode_with_cpu_sampling, donate_argnums=(1,),
+                 compiler_options=decode.DECODE_COMPILER_OPTIONS)
 
 
 def uses_cpu_decode_graph(model):
@@ -207,7 +231,7 @@ class Rollout:
       )
     cfg = model.config
     self.tokenizer = tokenizer
-    self.stop_sequences = tuple(stop_sequences)
+    self.stop_sequences = (*stop_sequences,)
     self.decode_chunk_steps = int(decode_chunk_steps)
     self.shared_prefix = bool(shared_prefix)
     self._model_config = cfg
@@ -227,19 +251,10 @@ class Rollout:
     with graph:
       self.sampler = sampler_lib.Sampler(model, tokenizer, cache_config)
     if self.cpu_decode_graph:
-      # tunix's jit of the decode loop, with the CPU compile options, traced
-      # with models.decode's sampling.
-      decode_loop = tunix_adapter.decode_loop(self.sampler)
-
-      def decode_with_cpu_sampling(params, state):
-        with decode.cpu_sampling():
-          return decode_loop(params, state)
-
-      tunix_adapter.set_decode_fn(self.sampler, jax.jit(
-          decode_with_cpu_sampling,
-          donate_argnums=(1,),
-          compiler_options=decode.DECODE_COMPILER_OPTIONS,
-      ))
+      # tunix's decode loop, with the CPU compile options, traced with
+      # models.decode's sampling.
+      tunix_adapter.set_decode_fn(self.sampler, compile_decode_loop(
+          tunix_adapter.decode_loop(self.sampler), cpu_decode_graph=True))
     self.end_ids = end_token_ids(tokenizer)
     # NumPy, not a jax array on one device: a constant in every program.
     self.sampler.eos_ids = np.array(self.end_ids, np.int32)
@@ -253,13 +268,6 @@ class Rollout:
         self._prefill_groups,
         static_argnames=('num_generations', 'prefix_columns'),
     )
-    # Every prefill, G = 1 too, computes the logits of the last prompt
-    # position only. tunix's own prefill computes them at every position,
-    # [N, P, vocab]: at 32 greedy eval rows of 320 tokens on the 270M, 10 GiB
-    # and ~1.7 TFLOP per batch, which made a 256-question eval on 2 CPU cores
-    # take over 12 minutes. True runs tunix's prefill when G = 1 (the
-    # reference that tests compare the shared prefill against).
-    self.tunix_prefill = False
 
   def generate(self, prompt_tokens, max_steps, seed, temperature=0.0,
                top_k=0, top_p=1.0, rows=None, num_generations=1):
@@ -298,17 +306,10 @@ class Rollout:
     num_prompt = prompt_tokens.shape[1]
     if num_generations < 1:
       raise ValueError(f'num_generations={num_generations} must be >= 1.')
-    sampling = sampling_args(temperature, top_k, top_p)
-    params = self.params
-    if self.tunix_prefill and num_generations == 1:
-      state = self.init_state(prompt_tokens, num_prompt + max_steps, seed,
-                              **sampling)
-      state = tunix_adapter.prefill_fn(self.sampler)(params, state, None,
-                                                     echo=False)
-    else:
-      state = self.start(prompt_tokens, num_prompt + max_steps, seed,
-                         num_generations, **sampling)
-    state = self._decode(params, state, num_prompt + max_steps)
+    state = self.start(prompt_tokens, num_prompt + max_steps, seed,
+                       num_generations,
+                       **sampling_args(temperature, top_k, top_p))
+    state = self._decode(self.params, state, num_prompt + max_steps)
     buffer = sharding.to_host(state.token_buffer)[:, num_prompt:]
     logps = sharding.to_host(state.logprobs_buffer)[:, num_prompt:]
     if rows is not None:
@@ -349,10 +350,19 @@ class Rollout:
         break
     return state
 
+  def close(self):
+    """Nothing to release (an `episodes.EpisodeRollout` stops its tools)."""
+
   def start(self, prompt_tokens, total_steps, seed, num_generations,
             **sampling):
     """The sampling state after the prefill: the first completion token
     of every row drawn, N x G rows (`num_generations` = G).
+
+    Every prefill, G = 1 too, computes the logits of the last prompt
+    position only. tunix's own prefill computes them at every position,
+    [N, P, vocab]: at 32 greedy eval rows of 320 tokens on the 270M, 10 GiB
+    and ~1.7 TFLOP per batch, which made a 256-question eval on 2 CPU cores
+    take over 12 minutes.
 
     With `shared_prefix` the leading run every prompt row shares is
     prefilled once (`shared_prefix`); the prompt columns of the state's
@@ -422,15 +432,25 @@ class Rollout:
     counters. `init_state` (and the preflight, with abstract arrays) fills
     in the per-row arrays built by `init_arrays_fn`.
     """
+    return self._init_sample_state(
+        jnp.zeros((0, prompt_len), jnp.int32), total_steps,
+        jax.random.PRNGKey(seed), **sampling)
+
+  def _init_sample_state(self, prompts, total_steps, key, temperature=0.0,
+                         top_p=None, top_k=None):
+    """tunix's `init_sample_state` as this module calls it: log-probs on,
+    no logits buffer, forbidden tokens or beam search."""
     return self.sampler.init_sample_state(
-        jnp.zeros((0, prompt_len), jnp.int32),
+        prompts,
         total_sampling_steps=total_steps,
         include_logits=False,
         forbidden_token_ids=None,
-        seed=jax.random.PRNGKey(seed),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=key,
         beam_size=None,
         include_logprobs=True,
-        **sampling,
     )
 
   @property
@@ -456,18 +476,7 @@ class Rollout:
 
   def _sharded_arrays(self, prompts, key, total_steps):
     """The per-row arrays of the initial state, with sharding constraints."""
-    state = self.sampler.init_sample_state(
-        prompts,
-        total_sampling_steps=total_steps,
-        include_logits=False,
-        forbidden_token_ids=None,
-        temperature=0.0,
-        top_p=None,
-        top_k=None,
-        seed=key,
-        beam_size=None,
-        include_logprobs=True,
-    )
+    state = self._init_sample_state(prompts, total_steps, key)
     arrays = {
         'token_buffer': state.token_buffer,
         'logprobs_buffer': state.logprobs_buffer,
