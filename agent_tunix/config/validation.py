@@ -85,6 +85,11 @@ def validate(config, num_devices=None, process_count=1, workdir=None,
   _check_agent(config)
   _check_optimizer(config)
   _check_training(config, process_count)
+  _require(
+      'train' not in splits or config.model.lora_rank >= 1,
+      f'config.model.lora_rank={config.model.lora_rank}: training updates '
+      'only LoRA adapters, so it needs a rank >= 1.',
+  )
   _check_checkpoint(config)
   _check_eval(config)
   _check_mesh(config, num_devices)
