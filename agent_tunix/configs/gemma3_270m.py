@@ -5,15 +5,12 @@ data are synthetic arithmetic word problems. Runs on one CPU.
 
   python -m agent_tunix.main --config=configs/gemma3_270m.py --workdir=/tmp/run
 
-The default is sized for an hour on a 2-core CPU (README, "Results"):
-40 steps of 4 prompts x 4 completions at learning rate 5e-5 on
-difficulty-1 problems, completions of at most 64 tokens, and greedy
-evaluation of 256 held-out problems before and after training (no pass@k,
-no mid-run evaluation: on 2 shared cores one such evaluation took up to 10
-minutes). Measured: the whole run took 39 minutes (steps ~38 s,
-docs/results.md) and raised held-out accuracy from 24.6% to 46.9% (format
-96.5% -> 100%). At difficulty 2 the base model answered 0 of 32 held-out
-problems (format 94%); at difficulty 1 its answers take ~40 tokens.
+The default is sized for well under an hour on a small CPU: 40 steps of
+4 prompts x 4 completions at learning rate 5e-5 on difficulty-1
+problems, completions of at most 64 tokens, and greedy evaluation of 256
+held-out problems before and after training (no pass@k, no mid-run
+evaluation: each costs minutes on a CPU). What it measures is in
+docs/results.md.
 
 `:full` is the long run, for an accelerator: 500 steps, difficulty 2, 192
 completion tokens, 256 held-out problems evaluated every 100 steps with
@@ -36,17 +33,19 @@ def get_config(arg=None):
   config.model.dtype = 'float32'
   # Plain few-shot prompts for a pretrained model run to ~250 tokens.
   config.generation.max_prompt_length = 320
-  # One-operation problems: at difficulty 2 the base model scores ~0.
+  # One-operation problems: at difficulty 2 the base model solves almost
+  # none, which leaves GRPO nothing to reinforce.
   config.data.difficulty = 1
   # Enough held-out problems for a +-5-point 95% interval.
   config.data.num_eval_examples = 256
-  # Its answers take ~40 tokens; 64 bounds the slowest row of a batch.
+  # Its answers at difficulty 1 take ~40 tokens; 64 bounds the slowest row
+  # of a batch.
   config.generation.max_generation_steps = 64
   config.eval.max_generation_steps = 64
   # Prompt bucket + completion length.
   config.generation.kv_cache_size = 384
-  # ~38 s a step on 2 cores (12.3 s rollout + 25.8 s update, one after the
-  # other): 40 steps and two evaluations in under an hour.
+  # Enough steps for a gain well outside the evaluation's interval, few
+  # enough for a CPU: 40 steps and two evaluations.
   config.training.num_steps = 40
   # A short run needs a larger step than the base's 3e-6.
   config.optimizer.learning_rate = 5e-5

@@ -13,25 +13,15 @@ The judge's agreement with the rows' labelled verdicts:
 
   python -m agent_tunix.judge_agreement --config=configs/gemma3_270m_rubrics.py
 
-Measured (2-core CPU). With the question and reference answer in its
-prompt the pretrained 270M is no judge: it agrees with 61.8% of the 144
-labelled item verdicts of the 12 held-out rows (saying "yes" to every item
-would agree with 58.3%) and ranks the best labelled answer first in 0 of
-12 rows. Asked about the response and the criterion alone
-(rubrics/judge_item_prompt.txt, this preset's judge.prompt_file,
-chosen on the 36 training rows, where it ranks 29 of 36 first against 3
-of 36) it ranks 7 of the 12 held-out rows right (chance: 4), with 58.3%
-agreement (still yes to nearly every item). Both prompts fail the canary
-(right answer 0.609, wrong 0.672 with this one), so this preset skips it,
-to measure what GRPO does against such a judge. In 40 steps (15 min) the
-held-out rubric score by this judge went from 0.500 [0.476, 0.523] to
-0.499 [0.471, 0.526]: its scores differ between answers by 0.01-0.1
-where the labels differ by 1.1, too little to learn from here. Judged by
-the rubric rules instead (a rule judge over HTTP), the held-out score
-went from 0.417 [0.248, 0.585] to 0.646 [0.460, 0.831] (0.625 with the
-old prompt): a rise, with intervals that overlap. For a run that can
-learn, point judge.preset / judge.source / judge.path at a larger Gemma
-(with `--config.judge.canary=True`), or use judge.backend=http (with
+The pretrained 270M is a weak judge: it says yes to nearly every item,
+and fails the canary (it does not score a right answer above a wrong
+one), so this preset skips the canary to show what GRPO does against such
+a judge (docs/results.md). Asked about the response and the criterion
+alone (rubrics/judge_item_prompt.txt, this preset's judge.prompt_file)
+it ranks labelled answers better than with the question and reference
+answer in its prompt. For a run that can learn, point judge.preset /
+judge.source / judge.path at a larger Gemma (with
+`--config.judge.canary=True`), or use judge.backend=http (with
 `--config.judge.prompt_file=`: this preset's file asks about one item, as
 only the gemma judge does).
 """
