@@ -916,7 +916,7 @@ def test_tool_steps_reads_gsm8k_annotations():
 
 @pytest.mark.parametrize('completion, calls, expected', [
     ('<answer>1144</answer>', [_call('12 * 12 + 1000')], 1.0),
-    # Edited after the call: the seed-7 drift docs/results.md describes.
+    # The answer edits the call's result: no credit.
     ('<answer>1200</answer>', [_call('12 * 12 + 1000')], 0.0),
     ('<answer> 1,144 </answer>', [_call('12 * 12 + 1000')], 1.0),
     ('<answer>1144 apples</answer>', [_call('12 * 12 + 1000')], 0.0),

@@ -1,10 +1,9 @@
 """What machine a run is on: its CPU, the vector instructions XLA can use.
 
-The same seed can end differently on two machines (docs/results.md, "Seeds,
-threads and machines"), and one preset's steps took 96 s on one 2-core
-machine and about 180 s on another. A run logs `summary()` at every start,
-and writes it into its event file, so that two runs' logs say whether they
-ran on the same kind of machine.
+The same seed can end differently on two machines (XLA's CPU sums depend
+on the CPU and the thread count), and the CPU sets a step's time. A run
+logs `summary()` at every start, and writes it into its event file, so
+that two runs' logs say whether they ran on the same kind of machine.
 """
 
 import os

@@ -3,8 +3,9 @@ episodes in the tools prompt.
 
 `python -m agent_tunix.evaluate --allow_base --by_type` with
 `data/prompts.py`'s TOOL_FEW_SHOT_EXAMPLES replaced, for the process only,
-by one of the VARIANTS below: the step-0 side of a lever on what the worked
-episodes show (docs/results.md, "Worked-episode levers, at step 0").
+by one of the VARIANTS below: how the base model does at step 0 when the
+worked episodes show something else (docs/results.md, "Other settings,
+measured").
 
   python tests/side/worked_episodes_screen.py steps \
       --config=configs/gemma3_270m_tools.py --allow_base \
