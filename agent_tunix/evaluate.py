@@ -26,6 +26,8 @@ from ml_collections import config_flags
 
 from agent_tunix import cli
 from agent_tunix import storage
+from agent_tunix.config import validation
+from agent_tunix.data import opening
 from agent_tunix.rl import evaluation
 from agent_tunix.run import checkpoint
 from agent_tunix.run import errors
@@ -75,6 +77,9 @@ def main(argv):
   config = _CONFIG.value
   workdir = _WORKDIR.value
   check_workdir(workdir, _ALLOW_BASE.value)
+  # The eval split is all evaluate reads; its data opens before the model.
+  validation.validate(config, splits=('eval',))
+  opening.exit_on_error(config, splits=('eval',))
   session = train.setup(config, workdir or '', with_data=False)
   step = None
   if workdir and checkpoint.has_steps(workdir):

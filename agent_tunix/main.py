@@ -21,6 +21,7 @@ from ml_collections import config_flags
 
 from agent_tunix import cli
 from agent_tunix.config import validation
+from agent_tunix.data import opening
 from agent_tunix.run import errors
 from agent_tunix.tpu import sharding
 
@@ -32,6 +33,12 @@ _WORKDIR = flags.DEFINE_string(
 )
 _PRINT_CONFIG = flags.DEFINE_bool(
     'print_config', False, 'Print the resolved config and exit.'
+)
+_PRINT_PROMPTS = flags.DEFINE_integer(
+    'print_prompts', 0,
+    'Print the first N training prompts as the model sees them, each with '
+    'its token count against generation.max_prompt_length, and exit (loads '
+    'the tokenizer, no weights; needs no --workdir).', lower_bound=0,
 )
 _MULTIHOST = flags.DEFINE_bool(
     'multihost', False,
@@ -61,6 +68,12 @@ def main(argv):
   if _PRINT_CONFIG.value:
     sys.stdout.write(config.to_json_best_effort(indent=2) + '\n')
     return
+  if _PRINT_PROMPTS.value:
+    validation.validate(config)
+    opening.exit_on_error(config)
+    from agent_tunix.run import preview  # pylint: disable=g-import-not-at-top
+    preview.print_prompts(config, _PRINT_PROMPTS.value)
+    return
   if not _WORKDIR.value:
     raise app.UsageError('--workdir is required (local path or gs://).')
   if _MULTIHOST.value or config.mesh.multihost:
@@ -75,6 +88,7 @@ def main(argv):
     )
   validation.validate(config, process_count=jax.process_count(),
                       workdir=_WORKDIR.value)
+  opening.exit_on_error(config)
   from agent_tunix.run import train  # pylint: disable=g-import-not-at-top
   result = train.train_and_evaluate(config, _WORKDIR.value)
   logging.info('Finished: %s', result)

@@ -37,6 +37,7 @@ from agent_tunix import cli
 from agent_tunix import plot
 from agent_tunix import storage
 from agent_tunix.config import validation
+from agent_tunix.data import opening
 from agent_tunix.observe import metrics
 from agent_tunix.run import checkpoint
 from agent_tunix.run import errors
@@ -395,6 +396,10 @@ def run(points, train=True, say=print):
   if train:
     for point in points:
       validation.validate(point.config, workdir=point.workdir)
+    # Each distinct data section opens once, before any point trains.
+    for config in {p.config.data.to_json(sort_keys=True): p.config
+                 for p in points}.values():
+      opening.exit_on_error(config)
     # pylint: disable=g-import-not-at-top
     from agent_tunix import rewards
     from agent_tunix.run import divergence

@@ -303,12 +303,12 @@ def test_parse_answer(raw, expected):
 
 
 def test_gsm8k_rows_keep_their_worked_solution():
-  row = gsm8k._example('Q?', 'Half is <<48/2=24>>24.\n#### 24')
+  row = gsm8k.example('Q?', 'Half is <<48/2=24>>24.\n#### 24')
   assert row == {'question': 'Q?', 'answer': '24',
                  'reasoning': 'Half is <<48/2=24>>24.'}
   # No solution before '####' (or no '####'): no 'reasoning' key.
-  assert gsm8k._example('Q?', '#### 24') == {'question': 'Q?', 'answer': '24'}
-  assert gsm8k._example('Q?', '24') == {'question': 'Q?', 'answer': '24'}
+  assert gsm8k.example('Q?', '#### 24') == {'question': 'Q?', 'answer': '24'}
+  assert gsm8k.example('Q?', '24') == {'question': 'Q?', 'answer': '24'}
 
 
 def _rows(n, prefix='Q'):

@@ -79,7 +79,9 @@ def get_config(arg=None):
   # parquet file at data.path), or a mixture 'name:weight,name:weight' of
   # those names.
   config.data.source = 'synthetic'
-  # File path for 'jsonl' / 'parquet'; TFDS data_dir for 'gsm8k_tfds'.
+  # File path for 'jsonl' / 'parquet'; for 'gsm8k_hf' a local copy of the
+  # Hugging Face dataset ('' = openai/gsm8k from the Hub); TFDS data_dir for
+  # 'gsm8k_tfds' (needs TensorFlow).
   config.data.path = ''
   # Column holding the question in local files.
   config.data.prompt_column = 'question'
@@ -92,6 +94,11 @@ def get_config(arg=None):
   # Prompt template: 'auto' (chat for -it presets, few-shot for pretrained),
   # 'chat' (Gemma chat turns) or 'plain' (few-shot text).
   config.data.template = 'auto'
+  # Worked examples of the plain template: 'auto' (the built-in arithmetic
+  # ones for synthetic and GSM8K data, none for jsonl / parquet / rubric
+  # rows), 'none', 'arithmetic', 'train:K' (K rows of the train split, held
+  # out of training) or a JSONL file of question/answer rows.
+  config.data.few_shot = 'auto'
   # Gemma 4 chat only: put <|think|> in the system turn, so the model thinks
   # in a <|channel>thought ... <channel|> block before answering (what the
   # rewards see: rewards.see_thoughts). False: thinking off.

@@ -1,4 +1,4 @@
-"""Gemma 3 12B on a TPU slice (fsdp over chips), GSM8K from TFDS.
+"""Gemma 3 12B on a TPU slice (fsdp over chips), GSM8K from Hugging Face.
 
 Derived from the 4B preset; only the model and the per-device batch differ.
 Check that it fits the slice before starting it:

@@ -1,4 +1,4 @@
-"""Gemma 3 1B on a TPU (or GPU), GSM8K from TFDS, weights from Kaggle.
+"""Gemma 3 1B on a TPU (or GPU), GSM8K from Hugging Face, weights from Kaggle.
 
   python -m agent_tunix.main --config=configs/gemma3_1b.py \
       --workdir=gs://bucket/run1
@@ -18,7 +18,8 @@ def get_config(arg=None):
   config.model.dtype = 'bfloat16'
   # 896-token sequences: recompute each decoder layer in the backward pass.
   config.model.remat = 'layer'
-  config.data.source = 'gsm8k_tfds'
+  # openai/gsm8k from the Hub, or data.path to a local copy of its files.
+  config.data.source = 'gsm8k_hf'
   config.data.num_train_examples = 0
   config.data.num_eval_examples = 256
   config.generation.max_prompt_length = 384

@@ -1,4 +1,4 @@
-"""Gemma 3 27B on a TPU slice (fsdp over chips), GSM8K from TFDS.
+"""Gemma 3 27B on a TPU slice (fsdp over chips), GSM8K from Hugging Face.
 
 Derived from the 12B preset; only the model differs. Check that it fits
 the slice before starting it:

@@ -1,4 +1,4 @@
-"""Gemma 3 4B on a TPU slice (fsdp over chips), GSM8K from TFDS.
+"""Gemma 3 4B on a TPU slice (fsdp over chips), GSM8K from Hugging Face.
 
 Derived from the 1B preset; only the model and the per-device batch differ.
 

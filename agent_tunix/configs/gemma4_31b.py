@@ -1,4 +1,4 @@
-"""Gemma 4 31B on a TPU slice (fsdp over chips), GSM8K from TFDS.
+"""Gemma 4 31B on a TPU slice (fsdp over chips), GSM8K from Hugging Face.
 
 Derived from the E2B preset; the model and the batch differ. Check that it
 fits the slice before starting it:

@@ -1,4 +1,4 @@
-"""Gemma 4 E2B on a TPU slice, GSM8K from TFDS, Hugging Face weights.
+"""Gemma 4 E2B on a TPU slice, GSM8K from Hugging Face, Hugging Face weights.
 
   python -m agent_tunix.preflight --config=configs/gemma4_e2b.py \
       --topology=v5litepod-8

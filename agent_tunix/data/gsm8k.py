@@ -3,7 +3,8 @@
 Three places to read it from:
   * TFDS: `load_tfds(split, data_dir)` (`tfds.load('gsm8k')`, downloads on
     first use unless `data_dir` already holds the prepared dataset).
-  * Hugging Face: `load_hf(split)` (`load_dataset('openai/gsm8k', 'main')`).
+  * Hugging Face: `load_hf(split, path=...)` (`load_dataset('openai/gsm8k',
+    'main')`, or the same parquet files in a local copy); no TensorFlow.
   * A local JSONL or parquet file: `load_file(path, ...)`, with any column
     names for the question and the answer.
 
@@ -57,18 +58,18 @@ def _as_text(value):
   return str(value)
 
 
-def _example(question, answer):
+def example(question, answer):
   """{'question', 'answer'}, plus 'reasoning' when the answer text holds a
   worked solution before its '####' (GSM8K's, with `<<48/2=24>>` steps):
   tool-aware rewards compare a call's results with its steps."""
-  example = {
+  row = {
       'question': _as_text(question).strip(),
       'answer': parse_answer(answer),
   }
   text = _as_text(answer)
   if '####' in text and text.rsplit('####', 1)[0].strip():
-    example['reasoning'] = text.rsplit('####', 1)[0].strip()
-  return example
+    row['reasoning'] = text.rsplit('####', 1)[0].strip()
+  return row
 
 
 def _gsm8k_split(split):
@@ -109,7 +110,7 @@ def load_tfds(split, data_dir=None, limit=0):
     tfds_split = f'{tfds_split}[:{limit}]'
   try:
     ds = tfds.load('gsm8k', split=tfds_split, data_dir=data_dir or None)
-    rows = [_example(r['question'], r['answer']) for r in tfds.as_numpy(ds)]
+    rows = [example(r['question'], r['answer']) for r in tfds.as_numpy(ds)]
   except Exception as e:  # Download / preparation errors vary by TFDS version.
     raise RuntimeError(
         f"Could not load GSM8K from TFDS (tfds.load('gsm8k', split="
@@ -120,32 +121,63 @@ def load_tfds(split, data_dir=None, limit=0):
   return rows
 
 
-def load_hf(split, limit=0):
+def _hf_files(path, hf_split):
+  """The parquet files of `hf_split` in a local copy of openai/gsm8k."""
+  pattern = f'main/{hf_split}-*.parquet'
+  files = storage.glob(path, pattern) if storage.exists(path) else []
+  if not files:
+    raise FileNotFoundError(
+        f'data.path={path!r} holds no GSM8K {hf_split} files ({pattern}); '
+        'point it at a copy of the Hugging Face dataset (hf download '
+        'openai/gsm8k --repo-type=dataset --local-dir=DIR), or leave it empty '
+        'to read openai/gsm8k from the Hub.')
+  return files
+
+
+def load_hf(split, limit=0, path=''):
   """Loads GSM8K ('main' config) through Hugging Face `datasets`.
 
   Args:
     split: 'train', or 'eval' / 'test' (GSM8K's test split).
     limit: Keep the first `limit` examples (0 = all).
+    path: A copy of the dataset's files, as the Hub lays them out
+      (`main/train-*.parquet`, `main/test-*.parquet`); '' reads
+      'openai/gsm8k' from the Hub (or its cache, also offline).
 
   Returns:
     A list of {'question', 'answer'} dicts.
 
   Raises:
+    FileNotFoundError: `path` holds no parquet files of the split.
+    DataError: the files have no question or answer column.
     RuntimeError: if the dataset cannot be loaded (e.g. no network).
   """
   hf_split = _gsm8k_split(split)
   import datasets  # pylint: disable=g-import-not-at-top
 
-  if limit:
-    hf_split = f'{hf_split}[:{limit}]'
+  where = "load_dataset('openai/gsm8k', 'main')"
+  selected = f'{hf_split}[:{limit}]' if limit else hf_split
   try:
-    ds = datasets.load_dataset('openai/gsm8k', 'main', split=hf_split)
+    if path:
+      where = f'the parquet files of {path!r}'
+      ds = datasets.load_dataset(
+          'parquet', data_files={hf_split: _hf_files(path, hf_split)},
+          split=selected)
+    else:
+      ds = datasets.load_dataset('openai/gsm8k', 'main', split=selected)
+  except FileNotFoundError:
+    raise
   except Exception as e:  # Hub, network and cache errors vary by version.
     raise RuntimeError(
-        "Could not load GSM8K from Hugging Face (load_dataset('openai/gsm8k', "
-        f"'main', split={hf_split!r})): {e}. " + _OFFLINE_HINT
+        f'Could not load GSM8K from Hugging Face ({where}, split='
+        f'{selected!r}): {e}. ' + _OFFLINE_HINT
     ) from e
-  rows = [_example(r['question'], r['answer']) for r in ds]
+  missing = [c for c in ('question', 'answer') if c not in ds.column_names]
+  if missing:
+    raise DataError(
+        f'GSM8K from {where} has no column(s) {missing}; it has '
+        f'{ds.column_names}. Point data.path at a copy of openai/gsm8k.')
+  rows = [example(r['question'], r['answer']) for r in ds]
   logging.info('Loaded %s GSM8K %s examples from Hugging Face.', len(rows),
                split)
   return rows
@@ -182,12 +214,12 @@ BAD_ROWS = ('error', 'skip')
 _DIGIT = re.compile(r'[0-9]')
 
 
-def row_problem(example):
+def row_problem(row):
   """Why an example cannot train (a phrase), or '' if it can."""
-  if not example['question'] or example['question'] == 'None':
+  if not row['question'] or row['question'] == 'None':
     return 'its question is empty'
-  if not _DIGIT.search(example['answer']):
-    return (f"its answer {example['answer'][:40]!r} has no number (no reward "
+  if not _DIGIT.search(row['answer']):
+    return (f"its answer {row['answer'][:40]!r} has no number (no reward "
             'could ever score it)')
   return ''
 
@@ -248,9 +280,9 @@ def load_file(path, file_format='jsonl', prompt_column='question',
           'question and answer columns.'
       )
     question, answer = row[prompt_column], row[answer_column]
-    example = _example('' if question is None else question,
-                       '' if answer is None else answer)
-    problem = row_problem(example)
+    loaded = example('' if question is None else question,
+                     '' if answer is None else answer)
+    problem = row_problem(loaded)
     if problem and bad_rows == 'error':
       raise DataError(
           f'{path} {where[index]}: {problem}. Fix or remove the row, or set '
@@ -260,8 +292,8 @@ def load_file(path, file_format='jsonl', prompt_column='question',
       skipped += 1
       continue
     if row.get('type') is not None:  # Grouped by evaluate --by_type.
-      example['type'] = str(row['type'])
-    examples.append(example)
+      loaded['type'] = str(row['type'])
+    examples.append(loaded)
   if skipped:
     logging.warning(
         'Skipped %s of %s rows of %s with an empty question or an answer '

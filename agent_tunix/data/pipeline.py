@@ -29,6 +29,7 @@ from absl import logging
 import grain
 import numpy as np
 
+from agent_tunix.data import few_shot
 from agent_tunix.data import gsm8k
 from agent_tunix.data import prompts
 from agent_tunix.data import rubrics
@@ -191,7 +192,7 @@ def _load_source(name, config, split, limit):
   if name == 'gsm8k_tfds':
     return gsm8k.load_tfds(split, config.data.path or None, limit)
   if name == 'gsm8k_hf':
-    return gsm8k.load_hf(split, limit)
+    return gsm8k.load_hf(split, limit, config.data.path)
   if name == 'hf_rubrics':
     return rubrics.load_hf(config.data.path, split, limit,
                            config.data.bad_rows, **_rubric_columns(config))
@@ -201,6 +202,9 @@ def _load_source(name, config, split, limit):
 def load_examples(config, split):
   """Returns the examples of a split as [{'question', 'answer', ...}, ...].
 
+  The train split without the rows data.few_shot='train:K' shows as worked
+  examples (`few_shot.hold_out`).
+
   Args:
     config: The full config (reads the data section).
     split: 'train' or 'eval'.
@@ -209,6 +213,12 @@ def load_examples(config, split):
     ValueError: on a bad source, split or count, or when a mixture component
       has fewer examples than its share.
   """
+  rows = load_split(config, split)
+  return few_shot.hold_out(config, rows) if split == 'train' else rows
+
+
+def load_split(config, split):
+  """All examples of a split, few-shot rows included (`load_examples`)."""
   if split not in SPLITS:
     raise ValueError(f'Unknown split {split!r}; expected one of {SPLITS}.')
   components = parse_source(config.data.source)

@@ -10,7 +10,9 @@
       <start_of_turn>model
 
   * 'plain': for pretrained presets, which know no turn markers. The system
-    prompt, two fixed worked examples in the exact answer format
+    prompt, the worked examples of data.few_shot (`few_shot`: by default
+    two built-in arithmetic ones for synthetic and GSM8K data, none for a
+    user's own files) in the exact answer format
     `<reasoning>...</reasoning><answer>...</answer>`, then the question and
     'Answer:' followed by a newline, so the natural continuation starts with
     `<reasoning>`. (A newline rather than a trailing space keeps the
@@ -50,7 +52,8 @@ prompt and the format's tool instructions open the first user turn (or a
 turn of the format's system role). 'plain' (pretrained presets) puts three
 worked episodes before the question, each a calculator call, its result and
 the final answer (`TOOL_FEW_SHOT_EXAMPLES`; only when the calculator is one
-of the tools), after a short tool list in place of the system prompt and
+of the tools and data.few_shot is 'arithmetic', as 'auto' is for synthetic
+and GSM8K data), after a short tool list in place of the system prompt and
 the format's instructions (the episodes show both); 'chat' gives the
 instructions alone. Every model turn ends at `<end_of_turn>`, so no stop
 text is needed.
@@ -61,25 +64,16 @@ import re
 
 from agent_tunix.agent import formats
 from agent_tunix.agent import tools as tools_lib
+from agent_tunix.data import few_shot as few_shot_lib
 
 TEMPLATES = ('auto', 'chat', 'plain')
 
-# Two worked examples for the plain template: (question, reasoning, answer).
-# Kept short: with digits tokenised one by one, the plain prompt's fixed part
-# must leave room for the question within generation.max_prompt_length.
-FEW_SHOT_EXAMPLES = (
-    (
-        'Ann has 3 bags with 4 pens in each. She gives away 5 pens. How many '
-        'pens does she have left?',
-        '3 * 4 = 12 pens. 12 - 5 = 7 pens are left.',
-        '7',
-    ),
-    (
-        'A bus drives at 40 km per hour for 2 hours. How far does it go?',
-        'Distance is 40 * 2 = 80 km.',
-        '80',
-    ),
-)
+# The built-in worked examples of the plain template: (question, reasoning,
+# answer). Kept short: with digits tokenised one by one, the plain prompt's
+# fixed part must leave room for the question within
+# generation.max_prompt_length. data.few_shot picks which examples a run
+# shows (`few_shot.examples`).
+FEW_SHOT_EXAMPLES = few_shot_lib.ARITHMETIC
 
 
 # Worked tool episodes for the few-shot prompt with tools: (question,
@@ -209,10 +203,14 @@ def chat_prompt(question, system_prompt, turns='gemma3', thinking=False):
   return ''.join(parts)
 
 
-def plain_prompt(question, system_prompt):
-  """Formats the few-shot prompt ending where the model's answer begins."""
+def plain_prompt(question, system_prompt, examples=FEW_SHOT_EXAMPLES):
+  """Formats the few-shot prompt ending where the model's answer begins.
+
+  `examples`: the worked (question, reasoning, answer) examples shown
+  first (`few_shot.examples(config)` gives a run's; () = none).
+  """
   parts = [system_prompt] if system_prompt else []
-  for shot_question, reasoning, answer in FEW_SHOT_EXAMPLES:
+  for shot_question, reasoning, answer in examples:
     parts.append(
         f'Question: {shot_question}\nAnswer:\n'
         + format_answer(reasoning, answer)
@@ -290,8 +288,9 @@ def format_prompt(question, config, turns):
   if config.agent.tools:
     tools, tool_format = _tools_and_format(config.agent.tools,
                                            config.agent.format)
-    few_shot = template == 'plain' and any(
-        t.name == 'calculator' for t in tools)
+    few_shot = (template == 'plain'
+                and few_shot_lib.kind(config) == 'arithmetic'
+                and any(t.name == 'calculator' for t in tools))
     # Gemma 4's chat template opens the model turn with an empty thought
     # block when thinking is off; the pretrained few-shot prompt does not.
     no_thoughts = (template == 'chat' and not config.data.thinking
@@ -302,4 +301,5 @@ def format_prompt(question, config, turns):
   if template == 'chat':
     return chat_prompt(question, system_prompt, turns=turns,
                        thinking=config.data.thinking)
-  return plain_prompt(question, system_prompt)
+  return plain_prompt(question, system_prompt,
+                      few_shot_lib.examples(config))

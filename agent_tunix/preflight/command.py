@@ -16,6 +16,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from agent_tunix.config import validation
+from agent_tunix.data import opening
 from agent_tunix.preflight import child
 from agent_tunix.preflight import programs as programs_lib
 from agent_tunix.preflight import report as report_lib
@@ -131,6 +132,8 @@ def main(argv):
   except ValueError as e:  # ConfigError included.
     sys.stderr.write(f'preflight: {e}\n')
     sys.exit(2)
+  # The pod reads this data: a run that cannot open it stops here.
+  opening.exit_on_error(config)
   try:
     result = run(config, _TOPOLOGY.value, tuple(_PROGRAMS.value),
                  keep_going=_KEEP_GOING.value)
