@@ -16,6 +16,11 @@ r"""Exports a policy for other tools: PEFT adapter, merged HF model, or GGUF.
           'gemma4' architecture, tokenizer vocabulary included); --gguf_dtype
           f32, f16 or q8_0 (RMSNorm weights and other 1-D tensors stay f32).
 
+Both 'merged' (tokenizer_config.json) and 'gguf' (tokenizer.chat_template)
+carry the run's training prompt as their chat template
+(export_template.py): a user message, the question, gets exactly the
+prompt the policy was trained on.
+
 The LoRA comes from the latest checkpoint in --workdir (or --step). A workdir
 without any checkpoint is an error, because exporting the untrained base model
 by mistake is easy to miss; --allow_base exports the base model on purpose
@@ -26,7 +31,7 @@ place when complete, so an interrupted export leaves no partial output.
 Export runs in one process and writes local paths only.
 
 Layouts. models/gemma3_hf.py holds Gemma 3's Hugging Face layout (and how
-qwix's LoRA factors map to it and to PEFT's, and its chat template),
+qwix's LoRA factors map to it and to PEFT's),
 models/gemma3_gguf.py its GGUF layout and the GGUF file writer;
 models/gemma4_hf.py and models/gemma4_gguf.py hold Gemma 4's. The preset's
 family (models/families.py) names its two layouts. This module merges the
@@ -57,10 +62,10 @@ import safetensors.numpy
 from sentencepiece import sentencepiece_model_pb2
 
 from agent_tunix import cli
+from agent_tunix import export_template
 from agent_tunix import models
 from agent_tunix import storage
 from agent_tunix.config import validation
-from agent_tunix.data import prompts
 from agent_tunix.models import families
 from agent_tunix.models import gemma
 from agent_tunix.models import gemma3_gguf
@@ -359,10 +364,6 @@ def peft_config(config, target_modules):
   }
 
 
-def _uses_chat(config):
-  return prompts.resolve_template(config) == 'chat'
-
-
 def _piece(tokenizer, token_id):
   return tokenizer.id_to_piece(token_id) if token_id >= 0 else None
 
@@ -386,9 +387,7 @@ def tokenizer_files(config, tokenizer):
       'model_max_length': context_length(config.model.preset),
       'sp_model_kwargs': {},
   }
-  if _uses_chat(config):
-    tok_config['chat_template'] = families.of_preset(
-        config.model.preset).hf_layout.CHAT_TEMPLATE
+  tok_config['chat_template'] = export_template.chat_template(config)
   generation = {
       'bos_token_id': tokenizer.bos_id(),
       'eos_token_id': rollout.end_token_ids(tokenizer),
@@ -580,14 +579,13 @@ def write_gguf(path, model, tokenizer, config, gguf_dtype='f32', step=None):
   family = families.of_preset(m.preset)
   tensors, arch_args = family.gguf_layout.file_parts(
       hf_state(model, m), cfg, model, context)
-  template = family.hf_layout.CHAT_TEMPLATE
   gemma3_gguf.write_gguf_file(
       path, cfg, tensors, gguf_vocab(m, tokenizer), gguf_dtype,
       name=(f'{m.preset} (agent_tunix'
             f'{"" if step is None else f", step {step}"})'),
       description=_readme(config, 'GGUF', step).strip(),
       context=context,
-      chat_template=template if _uses_chat(config) else None,
+      chat_template=export_template.chat_template(config),
       **arch_args)
 
 
@@ -790,7 +788,7 @@ def main(argv, flag_values):
     path = export(model, tokenizer, f['config'], f['format'], f['output'],
                   overwrite=f['overwrite'], step=step, dtype=f['dtype'],
                   gguf_dtype=f['gguf_dtype'])
-  except (ExportError, gemma3_hf.LayoutError,
+  except (ExportError, gemma3_hf.LayoutError, export_template.TemplateError,
           validation.ConfigError) as e:
     raise SystemExit(f'export: {e}') from e
   print(path, flush=True)

@@ -40,6 +40,7 @@ import sentencepiece as spm
 
 import gcs_emulator
 from agent_tunix import export
+from agent_tunix import export_template
 from agent_tunix import generate
 from agent_tunix import storage
 from agent_tunix.data import prompts
@@ -271,11 +272,11 @@ def test_merged_tokenizer_files(run, merged_dir):
   assert tok_config['add_bos_token'] and not tok_config['add_eos_token']
   # tiny uses chat turns: the Jinja template gives exactly the training
   # prompt (with BOS in front, which the encoder adds in this project).
-  system = run.config.data.system_prompt.strip()
+  assert tok_config['chat_template'] == export_template.chat_template(
+      run.config)
   rendered = jinja2.Environment().from_string(
       tok_config['chat_template']).render(
-          messages=[{'role': 'system', 'content': system},
-                    {'role': 'user', 'content': 'What is 2 + 3?'}],
+          messages=[{'role': 'user', 'content': 'What is 2 + 3?'}],
           add_generation_prompt=True, bos_token='<bos>')
   assert rendered == '<bos>' + prompts.format_prompt('What is 2 + 3?',
                                                      run.config, 'gemma3')
@@ -290,6 +291,52 @@ def test_merged_config_loads_in_transformers(merged_dir):
   assert config.layer_types == ['sliding_attention', 'sliding_attention']
   assert config.sliding_window == 16
   assert config.query_pre_attn_scalar == 16
+
+
+# One export per prompt shape: chat turns, the few-shot plain prompt of a
+# pretrained preset, and a tool run's tool list and worked episodes.
+_PROMPT_SHAPES = {
+    'chat': '',
+    'plain': ',data.template=plain',
+    'tools': ',data.template=plain,agent.tools=calculator',
+}
+
+
+@pytest.fixture(scope='module')
+def shape_exports(run, policy, tmp_path_factory):
+  """{shape: (config, merged export directory)}."""
+  model, tokenizer, step = policy
+  out = {}
+  for shape, arg in _PROMPT_SHAPES.items():
+    config = tiny.get_config(_CONFIG_ARG + arg)
+    path = str(tmp_path_factory.mktemp('shapes') / shape)
+    out[shape] = config, export.export(model, tokenizer, config, 'merged',
+                                       path, step=step, dtype='bfloat16')
+  return out
+
+
+def test_apply_chat_template_gives_the_training_prompt(run, shape_exports):
+  """transformers' apply_chat_template on each exported directory: the
+  prompt text and token ids the trainer builds for the question."""
+  transformers = pytest.importorskip('transformers')
+  # Loading converts the 262k-piece vocabulary (tens of seconds): once.
+  hf_tokenizer = transformers.AutoTokenizer.from_pretrained(
+      shape_exports['tools'][1])
+  tokenizer = run.session.tokenizer
+  messages = [{'role': 'user', 'content': _QUESTION}]
+  for shape, (config, directory) in shape_exports.items():
+    with open(os.path.join(directory, 'tokenizer_config.json')) as f:
+      template = json.load(f)['chat_template']
+    prompt = prompts.format_prompt(_QUESTION, config, 'gemma3')
+    text = hf_tokenizer.apply_chat_template(
+        messages, chat_template=template, tokenize=False,
+        add_generation_prompt=True)
+    assert text == '<bos>' + prompt, shape
+    ids = hf_tokenizer.apply_chat_template(
+        messages, chat_template=template, tokenize=True,
+        add_generation_prompt=True)['input_ids']
+    assert list(ids) == [tokenizer.bos_id(), *tokenizer.encode(prompt)], shape
+  assert hf_tokenizer.chat_template == template  # The tools directory's own.
 
 
 def test_merged_export_in_transformers(run, merged_dir):
@@ -479,9 +526,42 @@ def test_gguf_export_round_trips_through_the_gguf_loader(run, policy,
   assert written.special_ids == source.special_ids
   meta = gguf_lib.open_reader(path).metadata
   assert meta['general.architecture'] == 'gemma3'
+  assert _gguf_chat_template(path) == export_template.chat_template(
+      run.config)
   assert meta['gemma3.attention.sliding_window'] == 16
   assert meta['gemma3.rope.freq_base'] == 1e6
   assert meta['gemma3.context_length'] == 32768
+
+
+def _gguf_chat_template(path):
+  """A GGUF file's tokenizer.chat_template, read without the vocabulary."""
+  with open(path, 'rb') as f:
+    buf = f.read()
+  parser = gguf_lib.MetadataParser(buf, path)
+  for _ in range(parser.header()):
+    key = parser.string()
+    (value_type,) = parser.unpack('I')
+    value = parser.value(value_type, key == 'tokenizer.chat_template')
+    if key == 'tokenizer.chat_template':
+      return value
+  return None
+
+
+def test_every_gguf_export_carries_the_training_prompt(run, policy,
+                                                       tmp_path):
+  """The few-shot prompt of a pretrained preset too (it had none)."""
+  model, tokenizer, step = policy
+  config = tiny.get_config(_CONFIG_ARG + ',data.template=plain')
+  path = export.export(model, tokenizer, config, 'gguf',
+                       str(tmp_path / 'plain.gguf'), step=step,
+                       gguf_dtype='q8_0')
+  template = _gguf_chat_template(path)
+  rendered = jinja2.Environment().from_string(template).render(
+      messages=[{'role': 'user', 'content': _QUESTION}],
+      add_generation_prompt=True, bos_token='<bos>')
+  assert rendered == '<bos>' + prompts.format_prompt(_QUESTION, config,
+                                                     'gemma3')
+  assert rendered.endswith('Question: What is 2 + 3?\nAnswer:\n')
 
 
 @pytest.mark.parametrize('gguf_dtype', gemma3_gguf.GGUF_DTYPES)
