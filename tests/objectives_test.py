@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agent_tunix.rl import advantages
 from agent_tunix.rl import objectives
 
 
@@ -299,3 +300,70 @@ def test_maxent_advantages(normalize):
   np.testing.assert_allclose(got.reshape(-1, g).mean(-1), 0.0, atol=1e-6)
   grad = jax.grad(lambda r: adv(r).sum())(jnp.asarray(rewards))
   np.testing.assert_array_equal(grad, np.zeros(6))
+
+
+# ------------------------------------------------ advantage estimators
+
+
+def _grouped_mask(rows, columns=3, empty_groups=()):
+  mask = np.ones((rows, columns), np.float32)
+  for group in empty_groups:
+    mask[group * 4:(group + 1) * 4] = 0.0
+  return jnp.asarray(mask)
+
+
+@pytest.mark.parametrize('mode', ['group', 'batch', 'none'])
+def test_grpo_estimator_is_group_advantages(mode):
+  rewards = jnp.asarray(np.random.default_rng(0).normal(size=12), jnp.float32)
+  got, metrics = advantages.estimate(
+      advantages.GroupRelative(4, mode), rewards, None, _grouped_mask(12))
+  np.testing.assert_allclose(
+      got, objectives.group_advantages(rewards, 4, mode), rtol=1e-6,
+      atol=1e-7)
+  assert not metrics
+
+
+def test_groups_without_tokens_get_zero_and_stay_out_of_batch_stats():
+  rng = np.random.default_rng(1)
+  rewards = rng.normal(size=12).astype(np.float32)
+  got, _ = advantages.estimate(advantages.GroupRelative(4, 'batch'),
+                               rewards, None, _grouped_mask(12, 3, (2,)))
+  kept = rewards[:8]
+  want = (kept.reshape(2, 4) - kept.reshape(2, 4).mean(1, keepdims=True))
+  want = want.reshape(-1) / (kept.std(ddof=1) + 1e-4)
+  np.testing.assert_allclose(got[:8], want, rtol=1e-5)
+  np.testing.assert_array_equal(got[8:], 0.0)
+
+
+def test_rloo_uses_the_other_completions_mean():
+  rewards = np.random.default_rng(2).normal(size=8).astype(np.float32)
+  got, _ = advantages.estimate(advantages.LeaveOneOut(4), rewards, None,
+                               _grouped_mask(8))
+  grouped = rewards.reshape(2, 4)
+  others = (grouped.sum(1, keepdims=True) - grouped) / 3
+  np.testing.assert_allclose(got, (grouped - others).reshape(-1), rtol=1e-5,
+                             atol=1e-6)
+
+
+def test_maxent_estimator_needs_reference_and_logs_target_entropy():
+  rng = np.random.default_rng(3)
+  rewards = jnp.asarray(rng.normal(size=8), jnp.float32)
+  ref = jnp.asarray(-2.0 + rng.normal(size=(8, 3)), jnp.float32)
+  mask = _grouped_mask(8)
+  estimator = advantages.MaxEnt(4, tau=0.5, q_temperature=0.7, q_epsilon=0.1)
+  got, metrics = advantages.estimate(estimator, rewards, ref, mask)
+  want = objectives.maxent_advantages(rewards, ref, mask, 4, 0.5, 0.7, 0.1,
+                                      True)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  w = (np.asarray(want) + 1) / 4
+  np.testing.assert_allclose(metrics['maxent/target_entropy'],
+                             -(w * np.log(w)).sum() / 2, rtol=1e-5)
+  with pytest.raises(ValueError, match='reference log-probs'):
+    advantages.estimate(estimator, rewards, None, mask)
+
+
+def test_estimators_are_registered_by_name():
+  assert set(advantages.ESTIMATORS) == {'grpo', 'rloo', 'maxent'}
+  assert advantages.ESTIMATORS['rloo'] is advantages.LeaveOneOut
+  with pytest.raises(ValueError, match='twice'):
+    advantages.register('grpo')(type('Other', (), {}))

@@ -40,7 +40,8 @@ def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def group_advantages(
-    rewards: jax.Array, num_generations: int, scale_rewards: str = 'group'
+    rewards: jax.Array, num_generations: int, scale_rewards: str = 'group',
+    batch_std: jax.Array | None = None,
 ) -> jax.Array:
   """Group-relative advantages.
 
@@ -53,6 +54,8 @@ def group_advantages(
     rewards: [N] rewards, N = num_prompts * num_generations.
     num_generations: G, completions per prompt.
     scale_rewards: 'group', 'batch' or 'none'.
+    batch_std: with 'batch', the std to divide by (a caller's statistic
+      over some of the rows); None: that of all rows.
 
   Returns:
     [N] float32 advantages.
@@ -74,7 +77,8 @@ def group_advantages(
   if scale_rewards == 'group':
     centred = centred / (grouped.std(axis=1, ddof=1, keepdims=True) + _STD_EPS)
   elif scale_rewards == 'batch':
-    centred = centred / (rewards.std(ddof=1) + _STD_EPS)
+    std = rewards.std(ddof=1) if batch_std is None else batch_std
+    centred = centred / (std + _STD_EPS)
   return centred.reshape(-1)
 
 # ------------------------------------------------------------------- loss
