@@ -4,8 +4,8 @@ episodes in the tools prompt.
 `python -m agent_tunix.evaluate --allow_base --by_type` with
 `data/prompts.py`'s TOOL_FEW_SHOT_EXAMPLES replaced, for the process only,
 by one of the VARIANTS below: how the base model does at step 0 when the
-worked episodes show something else (docs/results.md, "Other settings,
-measured").
+worked episodes show something else (docs/results.md, "Why the preset's
+settings").
 
   python tests/side/worked_episodes_screen.py steps \
       --config=configs/gemma3_270m_tools.py --allow_base \
