@@ -1,13 +1,17 @@
 """The whole flow as functions, for notebooks: prepare, train, evaluate, ask.
 
   from agent_tunix import api
-  from agent_tunix.configs import gemma3_270m
 
-  session = api.prepare(gemma3_270m.get_config('quick'), '/tmp/run')
+  session = api.prepare('gemma3_270m:quick', '/tmp/run')
   api.train(session)
   print(api.evaluate(session))
   print(api.ask(session, 'Ann has 3 pens and buys 4 more. How many pens?'))
   api.export(session, 'merged', '/tmp/run/hf')
+
+A preset goes by name with its argument, as `--config=gemma3_270m:quick`
+does for the commands; `preset('gemma3_270m:quick')` returns the config to
+edit before `prepare` (or pass any config: `gemma3_270m.get_config()` of
+`agent_tunix.configs`, your own).
 
 Rubric rows train the same way: a config with data.task='rubric', its
 rubric data and a judge (docs/rubrics.md), then `api.ask(session,
@@ -20,13 +24,17 @@ earlier run loads its latest LoRA, and `train` resumes it from its latest
 checkpoint (so after a crash, the same two calls continue the run).
 """
 
+import importlib
 import tempfile
 
 from absl import logging
+import jax
 import numpy as np
 
+from agent_tunix import cli
 from agent_tunix import export as export_lib
 from agent_tunix import storage
+from agent_tunix.config import validation
 from agent_tunix.data import pipeline
 from agent_tunix.data import prompts
 from agent_tunix.data import rubrics
@@ -37,11 +45,30 @@ from agent_tunix.run import lock as run_lock
 from agent_tunix.run import train as train_lib
 
 
+def preset(name):
+  """The config of a preset by name: `preset('gemma3_270m:quick')`.
+
+  Args:
+    name: `NAME[:ARG]`, NAME a module of agent_tunix/configs (what
+      `--config=NAME[:ARG]` takes), ARG its get_config argument.
+
+  Raises:
+    ValueError: no preset has that name (the message lists the presets).
+  """
+  module_name, colon, arg = name.partition(':')
+  if cli.preset_path(module_name) is None:
+    raise ValueError(cli.unknown_preset_message(name))
+  module_name = module_name.removesuffix('.py')
+  module = importlib.import_module(f'agent_tunix.configs.{module_name}')
+  return module.get_config(arg) if colon else module.get_config()
+
+
 def prepare(config, workdir=None):
   """Validates `config` and builds the model, tokenizer, data and optimizer.
 
   Args:
-    config: a full config (e.g. `configs.gemma3_270m.get_config()`).
+    config: a full config (e.g. `configs.gemma3_270m.get_config()`), or a
+      preset's name (`'gemma3_270m:quick'`, see `preset`).
     workdir: run directory for checkpoints and metrics; None makes a new
       temporary one (logged; see `session.workdir`).
 
@@ -49,6 +76,9 @@ def prepare(config, workdir=None):
     The `train.Session`. If `workdir` has checkpoints, its model carries the
     latest one's LoRA.
   """
+  if isinstance(config, str):
+    config = preset(config)
+  validation.validate(config, process_count=jax.process_count())
   if workdir is None:
     workdir = tempfile.mkdtemp(prefix='agent_tunix_')
     logging.info('Run directory: %s', workdir)
@@ -90,7 +120,7 @@ def evaluate(session):
   """
   scores, _, _ = evaluation.evaluate(
       session.sampler, session.tokenizer, session.eval_set, session.config,
-      judge=session.judge,
+      judge=session.reward_set.judge,
   )
   return scores
 

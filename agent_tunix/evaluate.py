@@ -86,7 +86,7 @@ def main(argv):
     step = train.restore_lora(session, workdir, _STEP.value)
   scores, texts, _ = evaluation.evaluate(
       session.sampler, session.tokenizer, session.eval_set, config,
-      judge=session.judge,
+      judge=session.reward_set.judge,
   )
   result = {'step': step, **scores, 'num_questions': len(session.eval_set)}
   if _BY_TYPE.value:

@@ -136,15 +136,15 @@ def test_it_preset_refuses_the_packaged_pretrained_gguf(path):
 
 
 def test_it_preset_is_refused_before_any_weight_is_read(monkeypatch):
+  from agent_tunix import api  # pylint: disable=g-import-not-at-top
   from agent_tunix import models  # pylint: disable=g-import-not-at-top
-  from agent_tunix.run import train  # pylint: disable=g-import-not-at-top
 
   def no_build(*unused):
     raise AssertionError('models.build ran before the config was checked')
 
   monkeypatch.setattr(models, 'build', no_build)
   with pytest.raises(validation.ConfigError, match='model.path'):
-    train.setup(_preset('gemma3_270m', 'it'), '', with_data=False)
+    api.prepare(_preset('gemma3_270m', 'it'), '/unused')
 
 
 def test_it_preset_with_an_it_gguf_validates():
@@ -255,6 +255,15 @@ _INVALID = [
      'grpo.epsilon_high', 'or negative for the same range as grpo.epsilon'),
     ('zero_sampling_rounds', _set(grpo__max_sampling_rounds=0), 1,
      'grpo.max_sampling_rounds', '>= 1'),
+    ('unknown_advantage_estimator', _set(grpo__advantage_estimator='ppo'),
+     1, 'grpo.advantage_estimator', "'rloo'"),
+    ('rloo_with_maxent_tau',
+     _set(grpo__advantage_estimator='rloo', grpo__maxent_tau=0.5), 1,
+     'grpo.advantage_estimator', 'exactly when maxent_tau > 0'),
+    ('negative_kl_target', _set(grpo__kl_target=-1.0), 1, 'grpo.kl_target',
+     'must be >= 0 (0 = fixed beta)'),
+    ('alarm_share_above_one', _set(alarms__clipped_frac=1.5), 1,
+     'alarms.clipped_frac', 'in [0, 1] (a share of the batch)'),
     ('overlong_buffer_beyond_limit', _set(rewards__overlong_buffer=9), 1,
      'rewards.overlong_buffer', 'max_generation_steps=8'),
     ('negative_overlong_buffer', _set(rewards__overlong_buffer=-1), 1,
@@ -313,9 +322,10 @@ def test_validation_accepts_any_positive_clip_range(epsilon, epsilon_high):
   config = _preset('tiny')
   config.grpo.epsilon, config.grpo.epsilon_high = epsilon, epsilon_high
   validation.validate(config, num_devices=1)
-  hp = grpo.hparams_from_config(config)
-  assert hp.epsilon == epsilon
-  assert hp.upper_epsilon == (epsilon_high if epsilon_high > 0 else epsilon)
+  policy_loss = grpo.hparams_from_config(config).objective.policy_loss
+  assert policy_loss.epsilon == epsilon
+  assert policy_loss.upper_epsilon == (
+      epsilon_high if epsilon_high > 0 else epsilon)
 
 
 def test_validation_batch_split_over_processes():

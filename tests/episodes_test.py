@@ -240,9 +240,16 @@ class _NeverComplete(_Pausing):
     return None
 
 
-def test_a_pause_at_the_cap_without_cap_ends_episode_is_answered(
+class _AnswersCappedTurns(_NeverComplete):
+  """As `_NeverComplete`, and a turn the cap ended is answered."""
+
+  answers_capped_turns = True
+
+
+def test_a_pause_at_the_cap_is_answered_when_the_environment_says_so(
     tiny_model, prompts):
-  """cap_ends_episode=False (the bench): a turn that reached the cap on a
+  """answers_capped_turns (the bench's scripted episodes): a turn that
+  reached the cap on a
   pause the environment did not complete is a finished turn, answered
   with the reply alone (no closing text); it used to raise TypeError."""
   model, tokenizer = tiny_model
@@ -251,12 +258,11 @@ def test_a_pause_at_the_cap_without_cap_ends_episode_is_answered(
   envs = []
 
   def make():
-    envs.append(_NeverComplete([reply]))
+    envs.append(_AnswersCappedTurns([reply]))
     return envs[-1]
 
   sampler = episodes.EpisodeRollout(roll, make, max_turn_tokens=2,
-                                    max_insert_tokens=32,
-                                    cap_ends_episode=False)
+                                    max_insert_tokens=32)
   envs.clear()
   out = sampler.generate(prompts, _STEPS, seed=0, temperature=1.0, top_k=0,
                          top_p=1.0, num_generations=2)

@@ -340,10 +340,10 @@ def test_a_failing_judge_is_not_re_called_per_completion():
   completion; a judge names its culprit itself."""
   with judge_fixtures.FakeJudge(default=500) as server:
     judge = _make(server.url, max_retries=0)
-    reward_set = rewards.RewardSet('rubric_judge=1')
+    reward_set = rewards.RewardSet('rubric_judge=1', judge=judge)
     with pytest.raises(rewards.RewardError, match='Judge http'):
       reward_set(['p'] * 3, ['a', 'b', 'c'], question=['q'] * 3,
-                 rubric=[_ITEMS] * 3, reference=[''] * 3, judge=judge)
+                 rubric=[_ITEMS] * 3, reference=[''] * 3)
     judge.close()
   assert server.requests == 3
 
@@ -352,10 +352,11 @@ def test_reward_set_lets_masked_nan_through_only_from_the_judge():
   with judge_fixtures.FakeJudge(script=[500]) as server:
     judge = _make(server.url, on_failure='mask', max_retries=0,
                   max_concurrency=1, max_failure_fraction=0.5)
-    reward_set = rewards.RewardSet('rubric_judge=1,format_exact=0.5')
+    reward_set = rewards.RewardSet('rubric_judge=1,format_exact=0.5',
+                                   judge=judge)
     total, per_fn = reward_set(
         ['p'] * 2, ['Paris.', 'Lyon.'], question=['q'] * 2,
-        rubric=[_ITEMS] * 2, reference=[''] * 2, judge=judge)
+        rubric=[_ITEMS] * 2, reference=[''] * 2)
     judge.close()
   assert np.isnan(total[0]) and np.isnan(per_fn['rubric_judge'][0])
   assert total[1] == pytest.approx(-0.25)

@@ -372,7 +372,8 @@ def test_update_batch_matches_a_real_rollout(fields):
   from agent_tunix.run import train  # pylint: disable=g-import-not-at-top
   config = _tiny(**fields)
   session = train.setup(config, '/unused', with_data=True)
-  update = train.rollout_batch(session, next(session.train_iter), 1).update
+  update = session.rollout(next(session.train_iter), 1,
+                           session.state.kl_coeff, session.train_iter).update
   update = update.replace(ref_logps=np.zeros_like(update.completion_mask))
   expected = abstract.update_batch(config, session.mesh)
   # Fields, shapes and dtypes (a field None in one is None in the other).

@@ -56,6 +56,7 @@ import numpy as np
 from agent_tunix.rl import grpo
 from agent_tunix.rl import optimizer as optimizer_lib
 from agent_tunix.rl import rollout
+from agent_tunix.rl import staging
 from agent_tunix.run import train
 from agent_tunix.tpu import sharding
 from agent_tunix.configs import tiny
@@ -167,7 +168,9 @@ for shape in shapes:
         update.tokens[:, :PROMPT], PROMPT + COMPLETION, 0,
         temperature=1.0, top_p=1.0, top_k=None)
     result['cache'] = layout(state.cache)
-  result['metrics'] = train.update_policy(session, update)
+  staged = staging.stage(session.model, mesh, session.hp, update.sequences,
+                         config.grpo.num_iterations)
+  result['metrics'] = train.update_policy(session, update, staged)
   result['lora_after'] = lora_values(model)
   result['lora'] = layout(nnx.state(model, nnx.LoRAParam))
   result['opt'] = layout(nnx.state(session.optimizer, nnx.OptState))

@@ -10,11 +10,9 @@ import os
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
-import collections  # pylint: disable=g-import-not-at-top
-import dataclasses
+import dataclasses  # pylint: disable=g-import-not-at-top
 import json
 import math
-import pathlib
 
 from flax import nnx
 import jax
@@ -46,20 +44,7 @@ _EVAL_SCALARS = (
 )
 
 
-def read_events(workdir):
-  """{tag: {step: (value, plugin name, metadata content)}}, last one wins.
-
-  Event files are read in name order (their names start with the creation
-  time), so a step written again by a later run overrides the earlier value.
-  """
-  found = collections.defaultdict(dict)
-  for path in sorted(pathlib.Path(workdir).glob('events.out.tfevents.*')):
-    for event in tb_events.iterate(str(path)):
-      for value in event.summary.value:
-        plugin = value.metadata.plugin_data
-        found[value.tag][event.step] = (
-            tb_events.make_ndarray(value.tensor), plugin.plugin_name, plugin.content)
-  return found
+read_events = tb_events.read_events
 
 
 def _config(**overrides):
@@ -332,9 +317,9 @@ def test_dynamic_sampling_and_overlong_penalty_train_and_log(tmp_path):
 
 
 def test_log_prob_passes_are_dispatched_before_the_rewards(monkeypatch):
-  """The reference and old-policy passes need no reward: rollout_batch
-  dispatches them first, so they run while the host scores (a judge's
-  requests above all); the update then uses them as staged."""
+  """The reference and old-policy passes need no reward: the step's
+  rollout dispatches them first, so they run while the host scores (a
+  judge's requests above all); the update then uses them as staged."""
   from agent_tunix.rl import grpo  # pylint: disable=g-import-not-at-top
   config = _config(**{'grpo.beta': 0.04, 'grpo.num_iterations': 2})
   session = train.setup(config, '/unused')
@@ -347,14 +332,17 @@ def test_log_prob_passes_are_dispatched_before_the_rewards(monkeypatch):
       return _original(*args, **kwargs)
 
     monkeypatch.setattr(grpo, name, recorded)
-  score = session.reward_set
 
-  def scored(*args, **kwargs):
-    order.append('rewards')
-    return score(*args, **kwargs)
+  class RecordedRewards(rewards.RewardSet):
 
-  session = dataclasses.replace(session, reward_set=scored)
-  result = train.rollout_batch(session, next(session.train_iter), 1)
+    def __call__(self, *args, **kwargs):
+      order.append('rewards')
+      return super().__call__(*args, **kwargs)
+
+  step_rollout = dataclasses.replace(
+      session.rollout, reward_set=RecordedRewards(_REWARDS))
+  result = step_rollout(next(session.train_iter), 1, session.state.kl_coeff,
+                        session.train_iter)
   update, staged = result.update, result.staged
   assert order == ['reference_logps', 'policy_logps', 'rewards']
   assert staged.ref_logps is not None and staged.old_logps is not None

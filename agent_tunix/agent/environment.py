@@ -76,6 +76,10 @@ class Environment(abc.ABC):
   # Texts whose appearance in a sampled token makes the rollout ask
   # `ends_turn`; () = only end tokens end a turn.
   pause_texts: tuple[str, ...] = ()
+  # Whether a turn that reached the per-turn token cap is a finished turn
+  # that `step` answers (scripted episodes whose turns end by count);
+  # False: the cap ends the episode (finish 'turn_tokens').
+  answers_capped_turns: bool = False
 
   def ends_turn(self, partial_text: str) -> str | None:
     """Whether a turn that has not met an end token is complete.

@@ -13,6 +13,7 @@ import numpy as np
 
 from agent_tunix.bench import options
 from agent_tunix.bench import records
+from agent_tunix.config import validation
 from agent_tunix.data import pipeline
 from agent_tunix.rl import grpo
 from agent_tunix.rl import optimizer as optimizer_lib
@@ -150,7 +151,9 @@ class Context:
 
 
 def build_context(config, workdir):
-  """Builds our side exactly as training does: train.setup (no data)."""
+  """Builds our side exactly as training does: train.setup (no data), on
+  a validated config."""
+  validation.validate(config, splits=('eval',))
   settings = workload(config)
   t0 = records.now()
   session = train.setup(config, workdir, with_data=False)

@@ -43,7 +43,12 @@ class _Result:
 
 
 class Scripted(environment.Environment):
-  """Answers the first `inserts` turns with `text`, then ends the episode."""
+  """Answers the first `inserts` turns with `text`, then ends the episode.
+
+  Its turns end by count on any model: a turn that reached the per-turn
+  cap is answered, not cut."""
+
+  answers_capped_turns = True
 
   def __init__(self, text, inserts):
     self.text = text
@@ -122,6 +127,26 @@ def _timed(fn, *args, **kwargs):
   return records.now() - start, out
 
 
+@dataclasses.dataclass
+class _Timings:
+  """What the warm-up and timed calls of both sides measured.
+
+  times, tokens: {side: per timed call}; warmup: {side: seconds}; host_s,
+  calls: the multi-turn side's host seconds and decode-loop calls per timed
+  call; episodes: its last call's episodes; compiles: XLA compiles by
+  jitted name over all calls, timed_compiles those of the timed calls.
+  """
+
+  times: dict
+  warmup: dict
+  tokens: dict
+  host_s: list
+  calls: list
+  episodes: list
+  compiles: collections.Counter
+  timed_compiles: int
+
+
 def episode_measurement(ctx, steps=0):
   """The multi-turn rollout against the single-turn one (docs/benchmarks.md).
 
@@ -134,7 +159,6 @@ def episode_measurement(ctx, steps=0):
   """
   config = ctx.config
   gen = config.generation
-  g = config.grpo.num_generations
   columns = int(steps or gen.max_generation_steps)
   prompts = ctx.prompt_tokens
   text = insert_text(config)
@@ -148,11 +172,48 @@ def episode_measurement(ctx, steps=0):
   context.disable_end_tokens(sampler)
   multi = episodes.EpisodeRollout(
       sampler, lambda: Scripted(text, inserts), max_turn_tokens=turn,
-      max_insert_tokens=max(8, len(insert_ids)), cap_ends_episode=False)
+      max_insert_tokens=max(8, len(insert_ids)))
   sampling = dict(temperature=gen.temperature, top_k=gen.top_k,
-                  top_p=gen.top_p, num_generations=g)
-  sides = (('single', sampler), ('multi', multi))
+                  top_p=gen.top_p, num_generations=config.grpo.num_generations)
   decode_name = f'jit({getattr(multi.decode_fn, "__name__", "?")})'
+  timings = _time_sides(sampler, multi, prompts, columns, sampling)
+  ours, single = _summaries(timings, inserts, decode_name)
+  settings = {
+      'batch_size': len(prompts),
+      'num_generations': sampling['num_generations'],
+      'rows': len(prompts) * sampling['num_generations'],
+      'prompt_length': int(prompts.shape[1]),
+      'columns': columns,
+      'kv_cache_size': int(prompts.shape[1]) + columns,
+      'inserts': inserts,
+      'insert_tokens': len(insert_ids),
+      'insert_text': text,
+      'turn_tokens': turn,
+      'last_turn_tokens': last,
+      'tool_format': config.agent.format or 'gemma3',
+      'temperature': gen.temperature,
+      'top_k': gen.top_k,
+      'top_p': gen.top_p,
+      'end_tokens': 'disabled: turns end at turn_tokens',
+      'cpu_decode_graph': sampler.cpu_decode_graph,
+      'backend': jax.default_backend(),
+  }
+  logging.info(
+      'episodes: %.1f tok/s over %d turns vs %.1f tok/s in one (x%.3f); '
+      '%d decode calls, host %.4f s, %d compile(s) of %s', ours['tokens_per_s'],
+      inserts + 1, single['tokens_per_s'], ours['slowdown'],
+      timings.calls[-1], ours['host_median_s'], ours['decode_compiles'],
+      decode_name)
+  multi.close()
+  del multi, sampler
+  gc.collect()
+  return records.measurement(NAME, ['episodes'], settings, ours, single)
+
+
+def _time_sides(sampler, multi, prompts, columns, sampling):
+  """One warm-up call (compiles) of each side, then --steps timed calls of
+  each, alternating; a `_Timings`."""
+  sides = (('single', sampler), ('multi', multi))
   times = {'single': [], 'multi': []}
   warmup = {}
   tokens = {'single': [], 'multi': []}
@@ -173,63 +234,40 @@ def episode_measurement(ctx, steps=0):
           calls.append(multi.last_decode_calls)
           episode_out = out
     timed_compiles = sum(compiles.values()) - warm_compiles
-  rows = len(prompts) * g
-  finishes = collections.Counter(e.finish for e in episode_out.episodes)
+  return _Timings(times=times, warmup=warmup, tokens=tokens, host_s=host_s,
+                  calls=calls, episodes=episode_out.episodes,
+                  compiles=compiles, timed_compiles=timed_compiles)
+
+
+def _summaries(timings, inserts, decode_name):
+  """(ours, single): the multi-turn and single-turn sides' records."""
+  t = timings
+  eps = t.episodes
   single = records.step_summary(
-      'rollout.Rollout.generate (one turn)', times['single'],
-      [warmup['single']], records.median(tokens['single']),
+      'rollout.Rollout.generate (one turn)', t.times['single'],
+      [t.warmup['single']], records.median(t.tokens['single']),
       note='tokens: every completion column (all sampled)')
   ours = records.step_summary(
       f'episodes.EpisodeRollout.generate ({inserts + 1} turns, {inserts} '
-      'inserts)', times['multi'], [warmup['multi']],
-      records.median(tokens['multi']), breakdown={'host': host_s},
+      'inserts)', t.times['multi'], [t.warmup['multi']],
+      records.median(t.tokens['multi']), breakdown={'host': t.host_s},
       note='tokens: every completion column, sampled and inserted')
   ours.update(
       # Seconds per column over the single-turn rollout's: the ratio of
       # the two measured rates.
       slowdown=single['tokens_per_s'] / ours['tokens_per_s'],
-      columns_per_step=records.median(tokens['multi']),
-      host_median_s=records.median(host_s),
-      host_steps_s=[round(s, 6) for s in host_s],
-      decode_calls=calls[-1],
-      decode_calls_steps=calls,
+      columns_per_step=records.median(t.tokens['multi']),
+      host_median_s=records.median(t.host_s),
+      host_steps_s=[round(s, 6) for s in t.host_s],
+      decode_calls=t.calls[-1],
+      decode_calls_steps=t.calls,
       decode_program=decode_name,
-      decode_compiles=compiles[decode_name],
-      compiles_during_timed_steps=timed_compiles,
-      turns_mean=float(np.mean([e.turns for e in episode_out.episodes])),
-      model_tokens_mean=float(np.mean(
-          [e.model_tokens for e in episode_out.episodes])),
-      insert_tokens_mean=float(np.mean(
-          [e.insert_tokens for e in episode_out.episodes])),
-      finish=dict(finishes),
+      decode_compiles=t.compiles[decode_name],
+      compiles_during_timed_steps=t.timed_compiles,
+      turns_mean=float(np.mean([e.turns for e in eps])),
+      model_tokens_mean=float(np.mean([e.model_tokens for e in eps])),
+      insert_tokens_mean=float(np.mean([e.insert_tokens for e in eps])),
+      finish=dict(collections.Counter(e.finish for e in eps)),
   )
-  single['columns_per_step'] = records.median(tokens['single'])
-  settings = {
-      'batch_size': len(prompts),
-      'num_generations': g,
-      'rows': rows,
-      'prompt_length': int(prompts.shape[1]),
-      'columns': columns,
-      'kv_cache_size': int(prompts.shape[1]) + columns,
-      'inserts': inserts,
-      'insert_tokens': len(insert_ids),
-      'insert_text': text,
-      'turn_tokens': turn,
-      'last_turn_tokens': last,
-      'tool_format': config.agent.format or 'gemma3',
-      'temperature': gen.temperature,
-      'top_k': gen.top_k,
-      'top_p': gen.top_p,
-      'end_tokens': 'disabled: turns end at turn_tokens',
-      'cpu_decode_graph': sampler.cpu_decode_graph,
-      'backend': jax.default_backend(),
-  }
-  logging.info(
-      'episodes: %.1f tok/s over %d turns vs %.1f tok/s in one (x%.3f); '
-      '%d decode calls, host %.4f s, %d compile(s) of %s', ours['tokens_per_s'],
-      inserts + 1, single['tokens_per_s'], ours['slowdown'], calls[-1],
-      ours['host_median_s'], ours['decode_compiles'], decode_name)
-  multi.close()
-  del multi, sampler
-  gc.collect()
-  return records.measurement(NAME, ['episodes'], settings, ours, single)
+  single['columns_per_step'] = records.median(t.tokens['single'])
+  return ours, single

@@ -1,14 +1,18 @@
 """RewardSet: the weighted reward functions, applied to a batch.
 
   reward_set = rewards.RewardSet.from_config(
-      config.rewards, config.generation.max_generation_steps)
+      config.rewards, config.generation.max_generation_steps, judge=judge)
   total, per_fn = reward_set(prompts, completions, answer=answers,
                              completion_lengths=lengths)
+  total, per_fn = reward_set.score_groups(prompts, completions, g, ...)
+  scalars.update(reward_set.take_metrics(step_seconds))  # judge/*
 
 The set holds the functions of `rewards.functions` (parsed and resolved by
 `spec`) and, when on, the length and overlong penalties; it checks every
 function's scores and raises `blame.RewardError` naming the function and, if
-one can be blamed, the completion.
+one can be blamed, the completion. It owns the run's judge, when a function
+asks one (rubric_judge): the functions get it, and the judge's metrics and
+verdicts are read through the set.
 """
 
 from collections.abc import Mapping, Sequence
@@ -24,6 +28,7 @@ from agent_tunix.rewards import format as format_lib
 from agent_tunix.rewards import registry
 from agent_tunix.rewards import rubric as rubric_lib
 from agent_tunix.rewards import spec
+from agent_tunix.tpu import sharding
 
 
 class RewardSet:
@@ -43,6 +48,7 @@ class RewardSet:
       overlong_buffer: int = 0,
       overlong_penalty: float = 1.0,
       max_completion_length: int | None = None,
+      judge: rubric_lib.Judge | None = None,
   ):
     """Builds the set and imports any 'module:function' rewards.
 
@@ -57,6 +63,8 @@ class RewardSet:
       overlong_penalty: The overlong penalty at the length limit (>= 0).
       max_completion_length: The completion length limit in tokens
         (generation.max_generation_steps); needed when overlong_buffer > 0.
+      judge: The run's judge, for the functions that ask one (rubric_judge
+        gets it as its `judge` argument); None: none is passed.
 
     Raises:
       ValueError: for a bad spec, an unresolvable function, a negative
@@ -89,6 +97,9 @@ class RewardSet:
     # The functions that may score NaN (`registry.is_maskable`).
     self._maskable = {name for name, fn in self._fns.items()
                       if registry.is_maskable(fn)}
+    self._judge = judge
+    # Groups `score_groups` masked since the last step's `take_metrics`.
+    self._masked_groups = 0
     self._length_penalty = float(length_penalty)
     if self._length_penalty > 0:
       self._fns[registry.LENGTH_PENALTY] = functools.partial(
@@ -112,7 +123,8 @@ class RewardSet:
 
   @classmethod
   def from_config(
-      cls, rewards_config: Any, max_completion_length: int | None = None
+      cls, rewards_config: Any, max_completion_length: int | None = None,
+      judge: rubric_lib.Judge | None = None,
   ) -> 'RewardSet':
     """Builds the set from the config's rewards section (`config.rewards`).
 
@@ -121,6 +133,7 @@ class RewardSet:
       max_completion_length: the rollouts' completion limit in tokens
         (`config.generation.max_generation_steps`); the overlong penalty
         needs it.
+      judge: the run's judge (`judge.from_config`), when a function asks one.
     """
     return cls(
         rewards_config.functions,
@@ -129,6 +142,7 @@ class RewardSet:
         overlong_buffer=rewards_config.overlong_buffer,
         overlong_penalty=rewards_config.overlong_penalty,
         max_completion_length=max_completion_length,
+        judge=judge,
     )
 
   @property
@@ -142,12 +156,64 @@ class RewardSet:
     """Weight of each reward in the total."""
     return dict(self._weights)
 
+  @property
+  def judge(self) -> rubric_lib.Judge | None:
+    """The judge the functions get (None when none asks one)."""
+    return self._judge
+
+  def take_metrics(self, step_seconds: float | None = None) -> dict:
+    """The judge's judge/* scalars since the last call ({} without one).
+
+    Counts are over every process (a collective: every process calls this
+    as often as the others). With `step_seconds` (a training step's wall
+    time) also judge/masked_groups (every process's groups that
+    `score_groups` masked since the last such call) and judge/time_share.
+    """
+    if self._judge is None:
+      return {}
+    scalars = self._judge.take_metrics()
+    if step_seconds is None:
+      return scalars
+    scalars['judge/masked_groups'] = float(
+        sharding.sum_over_processes([self._masked_groups])[0])
+    self._masked_groups = 0
+    if step_seconds > 0:
+      scalars['judge/time_share'] = scalars['judge/wall_s'] / step_seconds
+    return scalars
+
+  def annotate(self, texts: Sequence[str]) -> list[str]:
+    """Sample texts with the judge's verdict on each, when it judged them
+    last (rubric rows); else as they are."""
+    judge = self._judge
+    if judge is None or len(judge.last_verdicts) != len(texts):
+      return list(texts)
+    return [f'{t}\n\n[{judge.describe(i)}]' for i, t in enumerate(texts)]
+
+  def score_groups(
+      self,
+      prompts: Sequence[str],
+      completions: Sequence[str],
+      num_generations: int,
+      **fields: Any,
+  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Scores a batch of groups of G completions (`__call__`'s arguments).
+
+    A group with a masked (NaN) completion loses its spread: every
+    completion of it gets the group's mean over its scored completions (0
+    when none was scored), in the total and in each reward, so its
+    advantages are 0: a failed judge call teaches nothing, and never counts
+    as a score of 0. The masked groups are counted for `take_metrics`.
+    """
+    total, per_fn = self(prompts, completions, **fields)
+    total, per_fn, masked = mask_failed_groups(total, per_fn,
+                                               num_generations)
+    self._masked_groups += masked
+    return total, per_fn
+
   def __call__(
       self,
       prompts: Sequence[str],
       completions: Sequence[str],
-      *,
-      judge: rubric_lib.Judge | None = None,
       **fields: Any,
   ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Scores a batch.
@@ -155,8 +221,6 @@ class RewardSet:
     Args:
       prompts: One prompt per completion (repeated G times for a group).
       completions: The generated texts.
-      judge: The run's judge, for the functions that ask one (rubric_judge
-        gets it as its `judge` argument); None: none is passed.
       **fields: Per-completion example fields, each a sequence as long as
         `completions` (`answer`, `completion_lengths`, ...). Other values are
         passed through unchanged.
@@ -198,8 +262,8 @@ class RewardSet:
           '(token count per completion); pass it, or set '
           'rewards.overlong_buffer=0.'
       )
-    if judge is not None:
-      fields = dict(fields, judge=judge)
+    if self._judge is not None:
+      fields = dict(fields, judge=self._judge)
     total = np.zeros([size], np.float32)
     per_fn = {}
     for name, fn in self._fns.items():
@@ -269,6 +333,30 @@ class RewardSet:
           completion=completions[index],
       )
     return scores
+
+
+def mask_failed_groups(total, per_fn, num_generations):
+  """Groups with a masked (NaN) completion get their mean (`score_groups`).
+
+  Returns:
+    (total, per_fn, number of groups masked).
+  """
+  total = np.asarray(total, np.float32)
+  failed = ~np.isfinite(total)
+  if not failed.any():
+    return total, per_fn, 0
+  g = num_generations
+  groups = failed.reshape(-1, g).any(axis=1)
+
+  def fill(values):
+    values = np.asarray(values, np.float32).reshape(-1, g).copy()
+    for group in np.flatnonzero(groups):
+      scored = values[group][np.isfinite(values[group])]
+      values[group] = scored.mean() if scored.size else 0.0
+    return values.reshape(-1)
+
+  return (fill(total), {k: fill(v) for k, v in per_fn.items()},
+          int(groups.sum()))
 
 
 def _check_overlong(buffer, penalty, max_length):

@@ -27,7 +27,6 @@ from tunix.generate import utils as sampler_utils
 from agent_tunix.agent import environment
 from agent_tunix.agent import formats
 from agent_tunix.data import pipeline
-from agent_tunix.models import decode
 from agent_tunix.models import tunix_adapter
 from agent_tunix.rl import rollout as rollout_lib
 from agent_tunix.tpu import sharding
@@ -153,31 +152,33 @@ class _Row:
     if self.finish is not None:
       return done
     end, how = host._turn_end(tokens, self.turn_start, step, done)
-    closing = ''
+    turn_close = ''  # What closes the turn before the reply.
     if how == 'pause':
-      closing = self.env.ends_turn(self._text(host, tokens, end))
-      if closing is None:  # Not complete: the turn goes on, unless capped.
+      turn_close = self.env.ends_turn(self._text(host, tokens, end))
+      if turn_close is None:  # Not complete: goes on, unless capped.
         if end + 1 - self.turn_start < host.max_turn_tokens:
           return False
-        how, closing = 'cap', ''  # Capped: nothing closes it.
+        how, turn_close = 'cap', ''  # Capped: nothing closes it.
     if how is None:  # Still in its turn.
       if step < last_col:
         return done
       self.finish = FINISH_COLUMNS  # Out of columns mid-turn.
-    elif how == 'cap' and host.cap_ends_episode:
+    elif how == 'cap' and not getattr(self.env, 'answers_capped_turns',
+                                      False):
       self.finish = FINISH_TURN_TOKENS
     text = self._text(host, tokens, end)
     self.turns.append((self.turn_start, end + 1))
     self.end_col = end
     self.segments.append(('model', text))
     if self.finish is None:
-      self._reply(host, self.env.step(text), closing, step, end, last_col)
+      self._reply(host, self.env.step(text), turn_close, step, end,
+                  last_col)
     return self.insert is None
 
   def _text(self, host, tokens, end):
     return host._turn_text(tokens[self.turn_start:end + 1])
 
-  def _reply(self, host, reply, closing, step, end, last_col):
+  def _reply(self, host, reply, turn_close, step, end, last_col):
     """Takes the environment's reply to a finished turn: the episode ends,
     or its text becomes an insert (`self.insert`) after column `step`."""
     if reply.done or reply.text is None:
@@ -185,7 +186,7 @@ class _Row:
       return
     self.segments.append(('tool', _reply_text(reply)))
     ids = truncate_middle(
-        [int(t) for t in host.tokenizer.encode(closing + reply.text)],
+        [int(t) for t in host.tokenizer.encode(turn_close + reply.text)],
         host.max_insert_tokens, host._marker_ids)
     start = step + 1  # After what the loop wrote.
     if start + len(ids) + 1 > last_col:  # No room for one sampled token.
@@ -201,7 +202,7 @@ class EpisodeRollout:
   """Samples multi-turn episodes with a `rollout.Rollout`'s sampler."""
 
   def __init__(self, rollout, make_environment, max_turn_tokens,
-               max_insert_tokens, cap_ends_episode=True):
+               max_insert_tokens):
     """Wraps a single-turn `Rollout` (its sampler, prefill and stops).
 
     Args:
@@ -209,11 +210,9 @@ class EpisodeRollout:
       make_environment: () -> a fresh environment (`reset(example)`,
         `step(turn_text) -> Reply`), one per row and episode.
       max_turn_tokens: a model turn longer than this ends the episode
-        (finish 'turn_tokens').
+        (finish 'turn_tokens'), unless the environment
+        `answers_capped_turns`.
       max_insert_tokens: an insert longer than this is cut in the middle.
-      cap_ends_episode: False reads a turn that reached max_turn_tokens as
-        a finished turn, which the environment answers (the bench's
-        scripted episodes, whose turns end by count on any model).
     """
     if max_turn_tokens < 1 or max_insert_tokens < 8:
       raise ValueError(
@@ -224,19 +223,10 @@ class EpisodeRollout:
     self.make_environment = make_environment
     self.max_turn_tokens = int(max_turn_tokens)
     self.max_insert_tokens = int(max_insert_tokens)
-    self.cap_ends_episode = bool(cap_ends_episode)
     self._marker_ids = [int(t) for t in self.tokenizer.encode(' ... ')]
     sampler = rollout.sampler
-    loop = self._decode_loop
-    if rollout.cpu_decode_graph:
-      def loop(*args):  # pylint: disable=function-redefined
-        with decode.cpu_sampling():
-          return self._decode_loop(*args)
-      options = decode.DECODE_COMPILER_OPTIONS
-    else:
-      options = None
-    self._compiled_loop = jax.jit(loop, donate_argnums=(1,),
-                                  compiler_options=options)
+    self._compiled_loop = rollout_lib.compile_decode_loop(
+        self._decode_loop, rollout.cpu_decode_graph)
     self._pad = sampler.tokenizer.pad_id()
     self._pause_ids = pause_token_ids(
         self.tokenizer, getattr(make_environment(), 'pause_texts', ()))

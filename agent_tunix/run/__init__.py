@@ -6,7 +6,7 @@ preemption (SIGTERM and Ctrl-C as a flag the loop polls, and the save of the
 last step when a step fails), lock (one run per workdir), resolved_config
 (the config a workdir was started with, and the refusal of an unsafe change
 on resume), schedule (the learning-rate schedule's span, kept across
-resumes), judging (the judge's part of a step, data.task='rubric'),
+resumes), judging (the run's reward set, built with its judge),
 divergence, full_disk, alarms, errors (the one-line messages a command
 prints) and log_mirror (a worker's log file copied to the workdir as the
 run goes). Modules here may import each other and every layer below
