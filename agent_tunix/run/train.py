@@ -288,7 +288,7 @@ def train_and_evaluate(config, workdir):
 
   Returns:
     Dict with the final step, the last step's scalars, the final eval scores
-    (None when stopped early), 'preempted' (stopped by SIGTERM/SIGINT) and
+    (None when stopped early), 'preempted' (SIGTERM/SIGINT ended it) and
     'alarms' (the alarms that stopped the run under
     training.stop_on_alarm; empty otherwise).
   """
