@@ -29,8 +29,10 @@ class DataError(ValueError):
 # Split names of GSM8K itself for our 'train' / 'eval' splits.
 _GSM8K_SPLITS = {'train': 'train', 'eval': 'test', 'test': 'test'}
 _OFFLINE_HINT = (
-    "If this machine is offline, use data.source='jsonl' (or 'parquet') with "
-    "data.path pointing to a local copy, or data.source='synthetic'."
+    "If this machine is offline, point data.path at a local copy of "
+    "openai/gsm8k's files (data.source='gsm8k_hf'), use data.source='jsonl' "
+    "(or 'parquet') with data.path pointing to a local file, or "
+    "data.source='synthetic'."
 )
 
 

@@ -5,7 +5,8 @@
 
 Exit status 0 when every program fits, 1 when one does not, 2 on a bad flag
 or config, 3 when none is known not to fit but a compile was killed
-(docs/preflight.md). Imports every module beside it, config/ and tpu/.
+(docs/preflight.md). Imports every module beside it, config/, tpu/,
+data.opening (the run's data, opened before any compile) and cli.
 """
 
 import json
@@ -15,6 +16,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from agent_tunix import cli
 from agent_tunix.config import validation
 from agent_tunix.data import opening
 from agent_tunix.preflight import child
@@ -52,6 +54,10 @@ def run(config, topology, programs=programs_lib.PROGRAMS, keep_going=False):
 
   Returns:
     The report dict (see `report.report`).
+
+  Raises:
+    resident.ResidentOverflow: the weights alone overflow a chip.
+    opening.DataUnavailable: the run's data cannot be opened.
   """
   spec, devices = prepare(config, topology)
   mesh = sharding.make_mesh(config.mesh, devices=devices)
@@ -64,6 +70,9 @@ def run(config, topology, programs=programs_lib.PROGRAMS, keep_going=False):
     )
   usable = tpu_topology.available_hbm_bytes(devices[0])
   resident.check_resident(config, mesh, spec, usable)
+  # The pod reads this data: opened before any compile (after the HBM
+  # arithmetic, so a run too big to fit is told so without a download).
+  opening.check(config)
   compiled, skipped = child.compile_isolated(config, topology, usable,
                                              programs, keep_going)
   return report_lib.report(
@@ -132,14 +141,14 @@ def main(argv):
   except ValueError as e:  # ConfigError included.
     sys.stderr.write(f'preflight: {e}\n')
     sys.exit(2)
-  # The pod reads this data: a run that cannot open it stops here.
-  opening.exit_on_error(config)
   try:
     result = run(config, _TOPOLOGY.value, tuple(_PROGRAMS.value),
                  keep_going=_KEEP_GOING.value)
   except resident.ResidentOverflow as e:
     sys.stderr.write(f'preflight: {e}\n')
     sys.exit(1)
+  except opening.DataUnavailable as e:
+    cli.usage_exit(e)
   sys.stdout.write(report_lib.format_report(result) + '\n')
   if _OUTPUT.value:
     with open(_OUTPUT.value, 'w') as f:
