@@ -21,8 +21,16 @@ says it once for users). `run(main)` is
 flag parser prints a traceback for a misspelled config field and exits 1;
 `app.UsageError` prints the whole usage text and exits 1; `--help` exits 1,
 as if the command had failed.
+
+`--config` takes a preset by name from any directory: `--config=NAME[:ARG]`
+whose NAME is no existing file but a module of agent_tunix/configs (the
+installed package's presets) stands for that module's file, so
+`--config=gemma3_270m:quick` is `--config=configs/gemma3_270m.py:quick`
+run in a checkout. A bare name that is neither exits USAGE with the
+presets' names.
 """
 
+import os
 import re
 import sys
 
@@ -55,6 +63,80 @@ def usage_exit(message):
   sys.stderr.write(f'error: {one_line}\n')
   sys.stderr.flush()
   sys.exit(USAGE)
+
+
+# The presets' folder, found beside this file: cli imports nothing of
+# agent_tunix (it is the lowest layer).
+_PRESETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs')
+
+
+def preset_names():
+  """The presets' names: the modules of agent_tunix/configs, sorted."""
+  return sorted(
+      name[:-3] for name in os.listdir(_PRESETS)
+      if name.endswith('.py') and name[:-3].isidentifier()
+      and not name.startswith('_'))
+
+
+def preset_path(name):
+  """The file of preset `name` (`NAME` or `NAME.py`), or None if none.
+
+  Relative to the working directory when the file is under it (a checkout's
+  own presets, as `--config=agent_tunix/configs/NAME.py` would name them),
+  else absolute.
+  """
+  name = name[:-3] if name.endswith('.py') else name
+  if name not in preset_names():
+    return None
+  path = os.path.join(_PRESETS, f'{name}.py')
+  relative = os.path.relpath(path)
+  return path if relative.startswith(os.pardir) else relative
+
+
+def unknown_preset_message(value):
+  """'no preset NAME; the presets: ...' for `value`, `NAME[:ARG]`."""
+  return (f'no preset {value.split(":", 1)[0]!r}; the presets: '
+          f'{", ".join(preset_names())} (NAME[:ARG])')
+
+
+def resolve_config(value):
+  """`value` of `--config`, a preset's name made its file (module doc).
+
+  Returns `value` itself when its file part exists or is a path (has a
+  '/': ml_collections reports a missing file); the preset's path (and
+  `:ARG`) for a preset's name; exits USAGE for any other bare name.
+  """
+  head, colon, arg = value.partition(':')
+  if not head or head.startswith('-') or '/' in head or os.path.exists(head):
+    return value
+  path = preset_path(head)
+  if path is None:
+    usage_exit(f'--config={value}: no such config file and '
+               f'{unknown_preset_message(value)}; or give the path of a '
+               'get_config() file')
+  return f'{path}{colon}{arg}'
+
+
+def resolve_presets(argv):
+  """`argv` with every `--config=NAME[:ARG]` (or `--config NAME`) resolved."""
+  out = list(argv[:1])
+  words = iter(argv[1:])
+  for arg in words:
+    if arg == '--':
+      out.append(arg)
+      out.extend(words)
+      break
+    flag, equals, value = arg.partition('=')
+    if flag in ('--config', '-config') and equals:
+      arg = f'{flag}={resolve_config(value)}'
+    elif flag in ('--config', '-config'):
+      out.append(arg)
+      arg = next(words, None)
+      if arg is None:
+        break
+      arg = resolve_config(arg)
+    out.append(arg)
+  return out
 
 
 def _overrides(argv):
@@ -123,7 +205,12 @@ def _check_config_files(flag_values):
       hasattr(flag.value, 'lock')
     except OSError as e:
       last = [l.strip() for l in str(e).splitlines() if l.strip()][-1]
-      usage_exit(f'--{name}: cannot load the config file: {last}')
+      hint = ''
+      if isinstance(e, FileNotFoundError) or 'No such file' in last:
+        hint = (f' (a path is relative to the working directory; a preset '
+                f'goes by name from anywhere: --config=NAME[:ARG], one of '
+                f'{", ".join(preset_names())})')
+      usage_exit(f'--{name}: cannot load the config file: {last}{hint}')
 
 
 def parse_flags(argv):
@@ -137,6 +224,7 @@ def parse_flags(argv):
   Returns:
     The arguments that are not flags, program name first.
   """
+  argv = resolve_presets(argv)
   try:
     args = flags.FLAGS(argv)
   except flags.Error as e:

@@ -65,7 +65,9 @@
 # preflight was interrupted. --skip-preflight starts without it.
 #
 # Flags:
-#   --config=FILE[:ARG]      config file, relative to the repository root
+#   --config=FILE[:ARG]      config file, relative to the repository root,
+#                            or a preset's name (gemma3_1b:it is
+#                            agent_tunix/configs/gemma3_1b.py:it)
 #   --workdir=DIR            output directory (gs:// for a multi-host pod)
 #   --config.FIELD=VALUE     config override, passed to the trainer
 #   --restart                stop a running job first
@@ -150,6 +152,12 @@ config_file="${config%%:*}"
 python="${PYTHON:-python3}"
 
 stage_code
+# A preset's name: the trainer takes it as it is (agent_tunix/cli.py).
+preset="agent_tunix/configs/${config_file%.py}.py"
+if [[ "$config_file" != */* && ! -f "$CODE_DIR/$config_file" \
+      && -f "$CODE_DIR/$preset" ]]; then
+  config_file="$preset"
+fi
 if [[ ! -f "$CODE_DIR/$config_file" ]]; then
   if [[ -f "$REPO_DIR/$config_file" ]]; then
     config_error "not started: $config_file is not tracked by git, so the" \
@@ -157,7 +165,8 @@ if [[ ! -f "$CODE_DIR/$config_file" ]]; then
       "--extra-files=$config_file"
   fi
   config_error "not started: config file '$config_file' not found under" \
-    "$REPO_DIR (--config is relative to the repository root)"
+    "$REPO_DIR (--config is relative to the repository root, or a preset's" \
+    "name: a file of agent_tunix/configs without .py)"
 fi
 
 # Which credentials the config's weights need ('NAME WHAT' lines).

@@ -76,7 +76,16 @@ def _package_modules():
 
 
 def _config_modules():
+  """The checkout paths of the presets (configs/*.py, one-line modules)."""
   return _rel((_REPO / 'configs').glob('*.py'))
+
+
+def _package_data():
+  """Files under agent_tunix/ that are not modules: what the presets read,
+  installed with the package (pyproject.toml) and data of the library."""
+  return _rel(p for p in (_REPO / 'agent_tunix').rglob('*')
+              if p.is_file() and p.suffix not in ('.py', '.pyc')
+              and '__pycache__' not in p.parts)
 
 
 def _test_files():
@@ -136,6 +145,65 @@ def test_configs_library_lists_every_config(targets):
   assert targets[_CONFIGS]['rule'] == 'py_library'
   _assert_same_files(f'py_library {_CONFIGS!r} srcs',
                      targets[_CONFIGS].get('srcs', []), _config_modules())
+
+
+def _owners(targets, rule, attr='srcs'):
+  """{file: [names of the `rule` targets that list it in `attr`]}."""
+  owners = {}
+  for name, attrs in sorted(_of_rule(targets, rule).items()):
+    for label in set(_files(attrs.get(attr, []))):
+      owners.setdefault(label, []).append(name)
+  return owners
+
+
+def _not_exactly_one(files, owners, kind):
+  problems = []
+  for f in files:
+    found = owners.get(f, [])
+    if len(found) != 1:
+      problems.append(f'{f} is in {len(found)} {kind} targets {found}')
+  return problems
+
+
+def test_every_module_and_test_file_is_in_exactly_one_target(targets):
+  """A module in one py_library; a test file in its own py_test only
+  (helpers a test imports are not *_test.py files)."""
+  problems = _not_exactly_one(_package_modules() + _config_modules(),
+                              _owners(targets, 'py_library'), 'py_library')
+  problems += _not_exactly_one(_test_files(), _owners(targets, 'py_test'),
+                               'py_test')
+  assert not problems, '; '.join(problems) + f'. {_FIX}'
+
+
+def test_presets_are_package_modules_and_configs_their_checkout_paths(
+    targets):
+  """agent_tunix/configs holds the presets (installed with the package);
+  configs/NAME.py is the checkout path of agent_tunix/configs/NAME.py."""
+  presets = [m for m in _package_modules()
+             if m.startswith('agent_tunix/configs/')]
+  assert 'agent_tunix/configs/base.py' in presets, presets
+  assert set(presets) <= set(targets[_LIBRARY].get('srcs', []))
+  shims = {pathlib.PurePosixPath(c).name for c in _config_modules()}
+  names = {pathlib.PurePosixPath(p).name for p in presets}
+  assert shims == names, (
+      f'configs/ and agent_tunix/configs/ differ: only in configs/: '
+      f'{sorted(shims - names)}, only in agent_tunix/configs/: '
+      f'{sorted(names - shims)}. Add the one-line checkout path (or remove '
+      'it) with its BUILD entry.')
+
+
+def test_package_data_is_in_one_filegroup_that_the_library_carries(
+    targets):
+  data = _package_data()
+  assert 'agent_tunix/configs/rubrics/train.jsonl' in data, data
+  owners = _owners(targets, 'filegroup')
+  problems = _not_exactly_one(data, owners, 'filegroup')
+  carried = targets[_LIBRARY].get('data', [])
+  problems += [f'{f}: py_library {_LIBRARY!r} data lack ":{owners[f][0]}"'
+               for f in data
+               if len(owners.get(f, [])) == 1 and f':{owners[f][0]}'
+               not in carried]
+  assert not problems, '; '.join(problems) + f'. {_FIX}'
 
 
 def test_every_cli_has_a_binary_with_the_configs(targets):

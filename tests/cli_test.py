@@ -104,7 +104,13 @@ def test_exit_statuses_are_the_documented_ones():
      "error: Unknown command line flag 'workdirr'. Did you mean: workdir ?"),
     (['--config=configs/no_such.py'],
      "error: --config: cannot load the config file: [Errno 2] No such file "
-     "or directory: 'configs/no_such.py'"),
+     "or directory: 'configs/no_such.py' (a path is relative to the working "
+     'directory; a preset goes by name from anywhere: --config=NAME[:ARG], '
+     f'one of {", ".join(cli.preset_names())})'),
+    (['--config=no_such:quick'],
+     "error: --config=no_such:quick: no such config file and no preset "
+     f"'no_such'; the presets: {', '.join(cli.preset_names())} (NAME[:ARG]); "
+     'or give the path of a get_config() file'),
     (['--config=configs/tiny.py:bogus'],
      'error: flag --config=configs/tiny.py:bogus: Error whilst parsing config'
      " file: ValueError: Unknown preset argument 'bogus'; use 'quick', 'it' "

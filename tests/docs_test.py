@@ -480,7 +480,10 @@ def command_problems(path, text):
         problems.append(f'{where}: {module} defines no flag --{name}')
       elif name == 'config' and value and not _has_placeholder(value):
         config_file = value.split(':', 1)[0]
-        if not os.path.isfile(os.path.join(_REPO, config_file)):
+        # A preset goes by name too (agent_tunix/cli.py).
+        preset = os.path.join('agent_tunix', 'configs', f'{config_file}.py')
+        if not any(os.path.isfile(os.path.join(_REPO, f))
+                   for f in (config_file, preset)):
           problems.append(f'{where}: no config file {config_file}')
   return problems
 
@@ -649,6 +652,16 @@ def test_a_bad_module_or_flag_is_found():
   assert not command_problems('x.md', (
       '`python -m agent_tunix.preflight --config=configs/<preset>.py '
       '--topology=<slice>`'))
+
+
+def test_a_preset_by_name_is_a_config_and_a_wrong_name_is_found():
+  problems = command_problems('x.md', (
+      '```sh\n'
+      'python -m agent_tunix.main --config=gemma3_270m:quick --workdir=W\n'
+      'python -m agent_tunix.main --config=gemma3_270n:quick --workdir=W\n'
+      '```\n'))
+  assert len(problems) == 1, problems
+  assert 'no config file gemma3_270n' in problems[0]
 
 
 def test_a_stale_path_is_found():

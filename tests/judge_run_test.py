@@ -12,7 +12,7 @@ import pytest
 from agent_tunix.run import train
 from agent_tunix.configs import tiny
 from tests import judge_fixtures
-from tests import train_test
+from tests import tb_events
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 _DATA = str(_REPO / 'agent_tunix/configs/rubrics/{split}.jsonl')
@@ -40,7 +40,7 @@ def test_masked_failures_train_on_and_are_counted(tmp_path):
                             max_concurrency=1, max_failure_fraction=0.5)
     result = train.train_and_evaluate(config, str(tmp_path))
   assert result['step'] == 2
-  events = train_test.read_events(tmp_path)
+  events = tb_events.read_events(tmp_path)
   masked = {s: float(v[0]) for s, v in events['judge/masked_groups'].items()}
   assert masked == {1: 1.0, 2: 0.0}
   assert events['judge/failed/http'][1][0] == 1

@@ -1027,6 +1027,10 @@ def test_a_check_that_cannot_run_sends_the_credentials_there_are(sandbox):
 
 @pytest.mark.parametrize('config, rc, message', [
     ('configs/tiny.py', 0, 'started'),
+    # A preset's name, as the trainer takes it.
+    ('tiny', 0, 'started'),
+    ('gemma3_1b:it', 2, 'come from Kaggle'),
+    ('nope', 2, "config file 'nope' not found"),
     ('configs/gemma3_1b.py', 2, 'come from Kaggle'),
     ('configs/gemma4_e2b.py', 2, 'gated Hugging Face repo'),
 ])
