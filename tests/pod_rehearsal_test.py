@@ -358,7 +358,7 @@ def test_pod_life_on_local_workers(tmp_path, gcs, pod):
         pod.log(i)), pod.logs_tail()
     assert 'exited with status 3' in pod.log(i), pod.logs_tail()
   said = [line for line in pod.log(0).splitlines()
-             if 'Stopped after step' in line]
+          if 'Stopped after step' in line]
   assert said, pod.logs_tail()
   step = int(said[-1].split('Stopped after step ')[1].split(',')[0])
   assert step < _NUM_STEPS, said
