@@ -25,6 +25,8 @@ LAYERS = (
     # (the trainer's error reporting and the worker log mirror included);
     # it imports nothing of agent_tunix, which this layer enforces.
     ('process', ('cli',)),
+    # configs: the presets, ml_collections only; every layer may read them.
+    ('presets', ('configs',)),
 )
 _RANK = {pkg: rank for rank, (_, pkgs) in enumerate(LAYERS) for pkg in pkgs}
 
