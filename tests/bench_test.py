@@ -465,3 +465,27 @@ def test_tunix_peer_is_skipped_under_maxent(monkeypatch):
   # MaxEnt needs our reference pass at beta 0; tunix has no MaxEnt.
   with pytest.raises(records.Skipped, match='no MaxEnt-GRPO'):
     _tunix_setup(monkeypatch, beta=0.0, maxent_tau=0.5)
+
+
+def test_tunix_calls_are_cut_into_steps_at_each_rollout():
+  # The warm-up steps, then one timed step, of (name, start, end, rows)
+  # events: each step a rollout, a reference pass and two update calls.
+  def step(t):
+    return [('generate', t, t + 1.0, 4),
+            ('get_ref_per_token_logps', t + 1.0, t + 1.5, 4),
+            ('update_actor', t + 2.0, t + 2.5, None),
+            ('update_actor', t + 2.5, t + 3.0, None)]
+  total = context.WARMUP_STEPS + 1
+  events = [e for k in range(total) for e in step(10.0 * k)]
+  # pylint: disable=protected-access
+  steps, warmup, parts = tunix_step._split_steps(events, total,
+                                                 expected_rows=4)
+  assert warmup == [3.0] * context.WARMUP_STEPS and steps == [3.0]
+  assert parts == {'rollout': [1.0], 'reference_logps': [0.5],
+                   'update': [1.0], 'other': [0.5]}
+  with pytest.raises(RuntimeError, match=f'{total - 1} rollouts for'):
+    tunix_step._split_steps(events[:-4], total, expected_rows=4)
+  with pytest.raises(RuntimeError, match='expected 8'):
+    tunix_step._split_steps(events, total, expected_rows=8)
+  with pytest.raises(RuntimeError, match=f'step {total} ran no update'):
+    tunix_step._split_steps(events[:-2], total, expected_rows=4)

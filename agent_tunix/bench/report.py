@@ -79,6 +79,7 @@ def _fmt(x, unit='s'):
 
 
 def print_table(result):
+  """Prints one row per measurement, then the goals and the machine."""
   lines = []
   header = (f'{"measurement":<22} {"status":<8} {"ours_s":>9} {"peer_s":>9} '
             f'{"ratio":>7}  details')
@@ -86,67 +87,11 @@ def print_table(result):
   lines.append('-' * len(header))
   for m in result['measurements']:
     ours, peer = m['ours'] or {}, m['peer'] or {}
-    details = []
-    if 'breakdown_s' in ours:
-      b = ours['breakdown_s']
-      details.append('ours ' + ', '.join(
-          f'{k} {_fmt(v)}' for k, v in b.items()))
-    if 'breakdown_s' in peer:
-      b = peer['breakdown_s']
-      details.append('peer ' + ', '.join(
-          f'{k} {_fmt(v)}' for k, v in b.items()))
-    if 'tokens_per_s' in ours and m['name'].startswith('grpo'):
-      details.append(f"tok/s ours {ours['tokens_per_s']:.1f}" + (
-          f", peer {peer['tokens_per_s']:.1f}" if peer else ''))
-    if 'fraction_of_bound' in ours:
-      details.append(
-          f"{ours['tokens_per_s']:.1f} tok/s, bound "
-          f"{peer['tokens_per_s']:.1f} tok/s, "
-          f"{100 * ours['fraction_of_bound']:.1f}% of bound; roofline "
-          f"{ours['roofline_tokens_per_s']:.1f} tok/s, "
-          f"{100 * ours['fraction_of_roofline']:.1f}%; read-bandwidth "
-          f"bound {ours['read_bound_tokens_per_s']:.1f} tok/s, "
-          f"{100 * ours['fraction_of_read_bound']:.1f}%")
-    if 'slowdown' in ours:
-      details.append(
-          f"multi-turn {ours['tokens_per_s']:.1f} tok/s vs one turn "
-          f"{peer['tokens_per_s']:.1f} tok/s (x{ours['slowdown']:.3f}); "
-          f"{ours['decode_calls']} decode calls, "
-          f"{ours['decode_compiles']} compile(s) of the decode loop")
-    if 'temp_bytes' in ours:
-      details.append(
-          f"temp {_fmt(ours['temp_bytes'], 'b')} vs "
-          f"{_fmt(peer['temp_bytes'], 'b')} "
-          f"({ours['temp_bytes_ratio']:.3f}); peak "
-          f"{_fmt(ours['peak_bytes'], 'b')} vs "
-          f"{_fmt(peer['peak_bytes'], 'b')} "
-          f"({ours['peak_bytes_ratio']:.3f})")
-      same = peer.get('same_remat')
-      if same:
-        details.append(
-            f"naive with remat {same['remat']}: temp "
-            f"{_fmt(same['temp_bytes'], 'b')}, peak "
-            f"{_fmt(same['peak_bytes'], 'b')}")
-    if 'step_time_bound_s' in ours:
-      s = m['settings']
-      details.append(
-          f"{s['topology']} ({s['tpu_topology']}, mesh "
-          f"{dict(zip(s['mesh_axis_names'], s['mesh_shape']))}): largest "
-          f"{ours['largest_program']} {_fmt(ours['largest_total_bytes'], 'b')}"
-          f" per device of {_fmt(s['usable_hbm_bytes'], 'b')}, "
-          f"{'fits' if ours['fits'] else 'DOES NOT FIT'}; step time bound "
-          f"{ours['step_time_bound_s'] * 1e3:.3f} ms")
-      details.append(', '.join(
-          f"{name} {_fmt(p['total_bytes'], 'b')} "
-          f"{p['time_bound_s'] * 1e3:.3f} ms x{p['calls_per_step']}"
-          for name, p in ours['programs'].items()))
-    if m['reason']:
-      details.append(m['reason'])
     lines.append(
         f"{m['name']:<22} {m['status']:<8} {_fmt(ours.get('median_s')):>9} "
         f"{_fmt(peer.get('median_s')):>9} "
         f"{'-' if m['ratio'] is None else format(m['ratio'], '.3f'):>7}  "
-        + ' | '.join(details)
+        + ' | '.join(_details(m, ours, peer))
     )
   lines.append('')
   for name, goal in result['goals'].items():
@@ -166,3 +111,71 @@ def print_table(result):
   )
   sys.stdout.write('\n'.join(lines) + '\n')
   sys.stdout.flush()
+
+
+def _details(m, ours, peer):
+  """A measurement row's details column, as its ' | '-joined parts."""
+  details = []
+  for side, record in (('ours', ours), ('peer', peer)):
+    if 'breakdown_s' in record:
+      details.append(f'{side} ' + ', '.join(
+          f'{k} {_fmt(v)}' for k, v in record['breakdown_s'].items()))
+  if 'tokens_per_s' in ours and m['name'].startswith('grpo'):
+    details.append(f"tok/s ours {ours['tokens_per_s']:.1f}" + (
+        f", peer {peer['tokens_per_s']:.1f}" if peer else ''))
+  if 'fraction_of_bound' in ours:
+    details.append(
+        f"{ours['tokens_per_s']:.1f} tok/s, bound "
+        f"{peer['tokens_per_s']:.1f} tok/s, "
+        f"{100 * ours['fraction_of_bound']:.1f}% of bound; roofline "
+        f"{ours['roofline_tokens_per_s']:.1f} tok/s, "
+        f"{100 * ours['fraction_of_roofline']:.1f}%; read-bandwidth "
+        f"bound {ours['read_bound_tokens_per_s']:.1f} tok/s, "
+        f"{100 * ours['fraction_of_read_bound']:.1f}%")
+  if 'slowdown' in ours:
+    details.append(
+        f"multi-turn {ours['tokens_per_s']:.1f} tok/s vs one turn "
+        f"{peer['tokens_per_s']:.1f} tok/s (x{ours['slowdown']:.3f}); "
+        f"{ours['decode_calls']} decode calls, "
+        f"{ours['decode_compiles']} compile(s) of the decode loop")
+  if 'temp_bytes' in ours:
+    details.extend(_memory_details(ours, peer))
+  if 'step_time_bound_s' in ours:
+    details.extend(_preflight_details(m['settings'], ours))
+  if m['reason']:
+    details.append(m['reason'])
+  return details
+
+
+def _memory_details(ours, peer):
+  """The memory section's details: temp and peak bytes of both sides."""
+  details = [
+      f"temp {_fmt(ours['temp_bytes'], 'b')} vs "
+      f"{_fmt(peer['temp_bytes'], 'b')} "
+      f"({ours['temp_bytes_ratio']:.3f}); peak "
+      f"{_fmt(ours['peak_bytes'], 'b')} vs "
+      f"{_fmt(peer['peak_bytes'], 'b')} "
+      f"({ours['peak_bytes_ratio']:.3f})"]
+  same = peer.get('same_remat')
+  if same:
+    details.append(
+        f"naive with remat {same['remat']}: temp "
+        f"{_fmt(same['temp_bytes'], 'b')}, peak "
+        f"{_fmt(same['peak_bytes'], 'b')}")
+  return details
+
+
+def _preflight_details(s, ours):
+  """The TPU preflight section's details: the fit, then each program."""
+  return [
+      f"{s['topology']} ({s['tpu_topology']}, mesh "
+      f"{dict(zip(s['mesh_axis_names'], s['mesh_shape']))}): largest "
+      f"{ours['largest_program']} {_fmt(ours['largest_total_bytes'], 'b')}"
+      f" per device of {_fmt(s['usable_hbm_bytes'], 'b')}, "
+      f"{'fits' if ours['fits'] else 'DOES NOT FIT'}; step time bound "
+      f"{ours['step_time_bound_s'] * 1e3:.3f} ms",
+      ', '.join(
+          f"{name} {_fmt(p['total_bytes'], 'b')} "
+          f"{p['time_bound_s'] * 1e3:.3f} ms x{p['calls_per_step']}"
+          for name, p in ours['programs'].items()),
+  ]

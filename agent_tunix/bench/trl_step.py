@@ -46,61 +46,17 @@ def trl_grpo(ctx):
       directory, gguf_file=filename, dtype=dtype
   )
   total_steps = context.WARMUP_STEPS + options.STEPS.value
-  loss_types = {'token-mean': 'bnpo', 'sequence-mean-token-mean': 'grpo',
-                'sequence-mean-token-sum-norm': 'dr_grpo'}
-  wanted = {
-      'output_dir': os.path.join(ctx.session.workdir, 'trl'),
-      'per_device_train_batch_size': t.micro_batch_size * g.num_generations,
-      'gradient_accumulation_steps': t.batch_size // t.micro_batch_size,
-      'num_generations': g.num_generations,
-      'max_prompt_length': gen.max_prompt_length,
-      'max_completion_length': gen.max_generation_steps,
-      'beta': hp.beta,
-      'epsilon': g.epsilon,
-      'num_iterations': 1,
-      'loss_type': loss_types[g.loss_agg_mode],
-      'temperature': gen.temperature,
-      'top_k': gen.top_k or None,
-      'top_p': gen.top_p,
-      'learning_rate': config.optimizer.learning_rate,
-      'max_steps': total_steps,
-      'logging_steps': 1,
-      'report_to': 'none',
-      'save_strategy': 'no',
-      'use_cpu': jax.default_backend() == 'cpu',
-      'bf16': m.dtype == 'bfloat16',
-      'seed': config.training.seed,
-      'disable_tqdm': True,
-      # Same fixed completion length as the other sides.
-      'generation_kwargs': {'min_new_tokens': gen.max_generation_steps},
-  }
-  known = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
-  dropped = sorted(set(wanted) - known)
-  args = trl.GRPOConfig(**{k: v for k, v in wanted.items() if k in known})
-  lora_config = None
-  if m.lora_rank > 0:
-    lora_config = peft.LoraConfig(
-        r=m.lora_rank, lora_alpha=m.lora_alpha, task_type='CAUSAL_LM',
-        target_modules=['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj',
-                        'up_proj', 'down_proj'],
-    )
+  args, dropped = _grpo_args(ctx, trl, hp.beta, total_steps)
+  lora_config = _lora_config(m, peft)
   begins, ends = [], []
-
-  class StepTimer(transformers.TrainerCallback):
-
-    def on_step_begin(self, *args, **kwargs):
-      begins.append(records.now())
-
-    def on_step_end(self, *args, **kwargs):
-      ends.append(records.now())
-
   dataset = datasets.Dataset.from_dict(
       {'prompt': ctx.prompts * total_steps}
   )
   trainer = trl.GRPOTrainer(
       model=model, reward_funcs=[context.toy_reward], args=args,
       train_dataset=dataset, processing_class=tokenizer,
-      peft_config=lora_config, callbacks=[StepTimer()],
+      peft_config=lora_config,
+      callbacks=[_step_timer(transformers, begins, ends)],
   )
   trainer.train()
   times = [e - b for b, e in zip(begins, ends)]
@@ -122,6 +78,76 @@ def trl_grpo(ctx):
   del trainer, model
   gc.collect()
   return side
+
+
+def _grpo_args(ctx, trl, beta, total_steps):
+  """TRL's GRPOConfig at the workload's settings.
+
+  Returns:
+    (the config, the sorted settings this TRL's GRPOConfig has no field for
+    and so were left out).
+  """
+  config = ctx.config
+  gen, g, t, m = (config.generation, config.grpo, config.training,
+                  config.model)
+  loss_types = {'token-mean': 'bnpo', 'sequence-mean-token-mean': 'grpo',
+                'sequence-mean-token-sum-norm': 'dr_grpo'}
+  wanted = {
+      'output_dir': os.path.join(ctx.session.workdir, 'trl'),
+      'per_device_train_batch_size': t.micro_batch_size * g.num_generations,
+      'gradient_accumulation_steps': t.batch_size // t.micro_batch_size,
+      'num_generations': g.num_generations,
+      'max_prompt_length': gen.max_prompt_length,
+      'max_completion_length': gen.max_generation_steps,
+      'beta': beta,
+      'epsilon': g.epsilon,
+      'num_iterations': 1,
+      'loss_type': loss_types[g.loss_agg_mode],
+      'temperature': gen.temperature,
+      'top_k': gen.top_k or None,
+      'top_p': gen.top_p,
+      'learning_rate': config.optimizer.learning_rate,
+      'max_steps': total_steps,
+      'logging_steps': 1,
+      'report_to': 'none',
+      'save_strategy': 'no',
+      'use_cpu': jax.default_backend() == 'cpu',
+      'bf16': m.dtype == 'bfloat16',
+      'seed': config.training.seed,
+      'disable_tqdm': True,
+      # Same fixed completion length as the other sides.
+      'generation_kwargs': {'min_new_tokens': gen.max_generation_steps},
+  }
+  known = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+  dropped = sorted(set(wanted) - known)
+  args = trl.GRPOConfig(**{k: v for k, v in wanted.items() if k in known})
+  return args, dropped
+
+
+def _lora_config(model_config, peft):
+  """peft's LoRA on every projection at our rank and alpha; None at rank 0."""
+  if model_config.lora_rank <= 0:
+    return None
+  return peft.LoraConfig(
+      r=model_config.lora_rank, lora_alpha=model_config.lora_alpha,
+      task_type='CAUSAL_LM',
+      target_modules=['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj',
+                      'up_proj', 'down_proj'],
+  )
+
+
+def _step_timer(transformers, begins, ends):
+  """A TrainerCallback appending each step's begin and end times."""
+
+  class StepTimer(transformers.TrainerCallback):
+
+    def on_step_begin(self, *args, **kwargs):
+      begins.append(records.now())
+
+    def on_step_end(self, *args, **kwargs):
+      ends.append(records.now())
+
+  return StepTimer()
 
 
 def trl_tokenizer(ctx, transformers):

@@ -14,16 +14,13 @@ from agent_tunix.models import lora
 from agent_tunix.tpu import sharding
 
 
+_CALLS = ('generate', 'get_ref_per_token_logps', 'update_actor')
+
+
 def tunix_grpo(ctx):
   """Times tunix's GRPOLearner on the same workload; a measurement side."""
-  # pylint: disable=g-import-not-at-top
-  from tunix.rl import rl_cluster as rl_cluster_lib
-  from tunix.rl.grpo import grpo_learner
-  from tunix.rl.rollout import base_rollout
-  # pylint: enable=g-import-not-at-top
   config = ctx.config
   gen, g, t = config.generation, config.grpo, config.training
-  kl_modes = {'k1': 'kl', 'k3': 'low_var_kl'}
   if g.loss_agg_mode == 'sequence-mean-token-sum-norm':
     raise records.Skipped(
         "tunix's GRPOLearner has no 'sequence-mean-token-sum-norm' loss "
@@ -35,6 +32,42 @@ def tunix_grpo(ctx):
   # LoRA policy over it, as tunix's examples build them.
   base = gemma.load_model(config.model, ctx.mesh)
   actor = lora.apply_lora(base, config.model, seed=config.training.seed)
+  cluster = _cluster(ctx, actor, base if hp.needs_reference else None,
+                     total_steps)
+  learner = _learner(ctx, cluster, hp)
+  events = []  # (name, start, end, rows)
+  for name in _CALLS:
+    _time_calls(cluster, name, events)
+  dataset = [{'prompts': np.array(ctx.prompts)} for _ in range(total_steps)]
+  learner.train(dataset)
+
+  steps, warmup, parts = _split_steps(
+      events, total_steps, t.batch_size * g.num_generations)
+  tokens = t.batch_size * g.num_generations * gen.max_generation_steps
+  side = records.step_summary(
+      'tunix GRPOLearner + RLCluster (vanilla rollout, shared backbone)',
+      steps, warmup, tokens, parts,
+      note='step = start of RLCluster.generate to end of the last '
+      'update_actor; breakdown from wrapping generate, '
+      'get_ref_per_token_logps and update_actor (one call per '
+      'micro-batch); other = rewards, advantages, queueing, metrics. tunix '
+      'divides logits by the sampling temperature in its log-probs.',
+  )
+  side['update_calls_per_step'] = len(
+      [e for e in events if e[0] == 'update_actor']) // total_steps
+  del learner, cluster, actor, base
+  gc.collect()
+  return side
+
+
+def _cluster(ctx, actor, reference, total_steps):
+  """tunix's RLCluster on the bench mesh, at the workload's shapes."""
+  # pylint: disable=g-import-not-at-top
+  from tunix.rl import rl_cluster as rl_cluster_lib
+  from tunix.rl.rollout import base_rollout
+  # pylint: enable=g-import-not-at-top
+  config = ctx.config
+  gen, t = config.generation, config.training
   roles = (rl_cluster_lib.Role.ACTOR, rl_cluster_lib.Role.REFERENCE,
            rl_cluster_lib.Role.ROLLOUT)
   rollout_config = base_rollout.RolloutConfig(
@@ -56,9 +89,9 @@ def tunix_grpo(ctx):
       compute_logps_micro_batch_size=t.micro_batch_size,
       data_sharding_axis=sharding.batch_axes(ctx.mesh),
   )
-  cluster = rl_cluster_lib.RLCluster(
+  return rl_cluster_lib.RLCluster(
       actor=actor,
-      reference=base if hp.needs_reference else None,
+      reference=reference,
       tokenizer=ctx.tokenizer,
       cluster_config=rl_cluster_lib.ClusterConfig(
           role_to_mesh={role: ctx.mesh for role in roles},
@@ -68,7 +101,14 @@ def tunix_grpo(ctx):
           rollout_config=rollout_config,
       ),
   )
-  learner = grpo_learner.GRPOLearner(
+
+
+def _learner(ctx, cluster, hp):
+  """tunix's GRPOLearner with the workload's GRPO settings and toy reward."""
+  from tunix.rl.grpo import grpo_learner  # pylint: disable=g-import-not-at-top
+  g = ctx.config.grpo
+  kl_modes = {'k1': 'kl', 'k3': 'low_var_kl'}
+  return grpo_learner.GRPOLearner(
       rl_cluster=cluster,
       algo_config=grpo_learner.GRPOConfig(
           num_generations=g.num_generations,
@@ -80,41 +120,45 @@ def tunix_grpo(ctx):
       ),
       reward_fns=[context.toy_reward],
   )
-  events = []  # (name, start, end, rows)
 
-  def timed(name):
-    fn = getattr(cluster, name)
 
-    def wrapper(*args, **kwargs):
-      start = records.now()
-      result = fn(*args, **kwargs)
-      if name == 'update_actor':
-        jax.block_until_ready(
-            nnx.state(cluster.actor_trainer.model, nnx.LoRAParam)
-        )
-        rows = None
-      elif name == 'generate':
-        rows = len(result.tokens)
-      else:
-        result = jax.block_until_ready(result)
-        rows = int(result.shape[0])
-      events.append((name, start, records.now(), rows))
-      return result
+def _time_calls(cluster, name, events):
+  """Wraps `cluster.<name>` to append (name, start, end, rows) to `events`,
+  its results ready before the end is read."""
+  fn = getattr(cluster, name)
 
-    setattr(cluster, name, wrapper)
+  def wrapper(*args, **kwargs):
+    start = records.now()
+    result = fn(*args, **kwargs)
+    if name == 'update_actor':
+      jax.block_until_ready(
+          nnx.state(cluster.actor_trainer.model, nnx.LoRAParam)
+      )
+      rows = None
+    elif name == 'generate':
+      rows = len(result.tokens)
+    else:
+      result = jax.block_until_ready(result)
+      rows = int(result.shape[0])
+    events.append((name, start, records.now(), rows))
+    return result
 
-  for name in ('generate', 'get_ref_per_token_logps', 'update_actor'):
-    timed(name)
-  dataset = [{'prompts': np.array(ctx.prompts)} for _ in range(total_steps)]
-  learner.train(dataset)
+  setattr(cluster, name, wrapper)
 
+
+def _split_steps(events, total_steps, expected_rows):
+  """Cuts the timed calls into steps at each rollout.
+
+  Returns:
+    (timed step seconds, warm-up step seconds, {part: seconds per timed
+    step}) with parts rollout, reference_logps, update and other.
+  """
   starts = [i for i, e in enumerate(events) if e[0] == 'generate']
   if len(starts) != total_steps:
     raise RuntimeError(
         f'tunix ran {len(starts)} rollouts for {total_steps} steps; the '
         'learner did not run one rollout per step as configured.'
     )
-  expected_rows = t.batch_size * g.num_generations
   if events[starts[0]][3] != expected_rows:
     raise RuntimeError(
         f'tunix generated {events[starts[0]][3]} rows per step, expected '
@@ -143,18 +187,4 @@ def tunix_grpo(ctx):
     sums['other'] = step_s - sum(sums.values())
     for key, value in sums.items():
       parts[key].append(value)
-  tokens = t.batch_size * g.num_generations * gen.max_generation_steps
-  side = records.step_summary(
-      'tunix GRPOLearner + RLCluster (vanilla rollout, shared backbone)',
-      steps, warmup, tokens, parts,
-      note='step = start of RLCluster.generate to end of the last '
-      'update_actor; breakdown from wrapping generate, '
-      'get_ref_per_token_logps and update_actor (one call per '
-      'micro-batch); other = rewards, advantages, queueing, metrics. tunix '
-      'divides logits by the sampling temperature in its log-probs.',
-  )
-  side['update_calls_per_step'] = len(
-      [e for e in events if e[0] == 'update_actor']) // total_steps
-  del learner, cluster, actor, base
-  gc.collect()
-  return side
+  return steps, warmup, parts

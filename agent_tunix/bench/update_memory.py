@@ -103,7 +103,6 @@ def synthetic_update(ctx):
 
 def memory_measurement(ctx):
   """Our update vs the naive full-logits one: memory and time."""
-  config = ctx.config
   # Both sides run every row in full (no shared prompt forward).
   hp = dataclasses.replace(ctx.session.hp, prompt_group=1)
   naive_hp = dataclasses.replace(hp, remat='none')
@@ -114,60 +113,25 @@ def memory_measurement(ctx):
   # entropies must agree: a check that the naive update computes the same
   # thing.
   start = jax.tree.map(jnp.copy, nnx.state(model, nnx.LoRAParam))
-
-  def compile_step(step_fn, step_hp):
-    optimizer = nnx.Optimizer(
-        model, context.make_tx(config, 1 + options.STEPS.value),
-        wrt=nnx.LoRAParam,
-    )
-    graphdefs, arrays = grpo.train_step_inputs(model, optimizer)
-    t0 = records.now()
-    compiled = step_fn(graphdefs).lower(*arrays, batch, hp=step_hp).compile()
-    return optimizer, compiled, records.now() - t0
-
   sides = {}
   for name, step_fn, step_hp in (('ours', grpo.TRAIN_STEP, hp),
                                  ('peer', NAIVE_TRAIN_STEP, naive_hp)):
     nnx.update(model, jax.tree.map(jnp.copy, start))
-    optimizer, compiled, compile_s = compile_step(step_fn, step_hp)
-    stats = memory_stats(compiled)
-    times, first = [], None
-    for step in range(1 + options.STEPS.value):
-      t0 = records.now()
-      metrics = jax.device_get(grpo.run_train_step(
-          lambda _: compiled, model, optimizer, batch  # pylint: disable=cell-var-from-loop
-      ))
-      if step:
-        times.append(records.now() - t0)
-      else:
-        first = {k: float(metrics[k]) for k in ('loss', 'entropy')}
     sides[name] = dict(
         name=(f'grpo.train_step (chunked log-probs, chunk {hp.chunk_size}, '
               f'remat {hp.remat})' if name == 'ours' else
               'naive: full [B, T, V] logits, log_softmax, gather; remat none'),
-        median_s=records.median(times),
-        steps_s=[round(x, 6) for x in times],
-        compile_s=compile_s,
-        first_loss=first['loss'],
-        first_entropy=first['entropy'],
-        **stats,
+        **_time_side(ctx, batch, step_fn, step_hp),
     )
-    del optimizer, compiled
-    gc.collect()
   nnx.update(model, start)
   ours, peer = sides['ours'], sides['peer']
-  for key in ('first_loss', 'first_entropy'):
-    if not abs(ours[key] - peer[key]) <= 1e-3 * (1.0 + abs(peer[key])):
-      raise ValueError(
-          f'The naive update is not the same computation: {key} '
-          f'{peer[key]} vs ours {ours[key]}.'
-      )
+  _check_same_computation(ours, peer)
   for key in ('temp_bytes', 'peak_bytes'):
     ours[key + '_ratio'] = ours[key] / max(peer[key], 1)
   if hp.remat != 'none':
     # The naive log-probs under our remat, compiled only: how much of the
     # saving is the chunked log-probs' alone.
-    optimizer, compiled, _ = compile_step(NAIVE_TRAIN_STEP, hp)
+    optimizer, compiled, _ = _compile_step(ctx, batch, NAIVE_TRAIN_STEP, hp)
     stats = memory_stats(compiled)
     del optimizer, compiled
     gc.collect()
@@ -192,3 +156,54 @@ def memory_measurement(ctx):
       'input': 'last GRPO step batch' if ctx.last_update else 'synthetic',
   }
   return records.measurement('update_memory', ['memory'], settings, ours, peer)
+
+
+def _compile_step(ctx, batch, step_fn, step_hp):
+  """(a fresh optimizer, the compiled update, compile seconds)."""
+  model = ctx.session.model
+  optimizer = nnx.Optimizer(
+      model, context.make_tx(ctx.config, 1 + options.STEPS.value),
+      wrt=nnx.LoRAParam,
+  )
+  graphdefs, arrays = grpo.train_step_inputs(model, optimizer)
+  t0 = records.now()
+  compiled = step_fn(graphdefs).lower(*arrays, batch, hp=step_hp).compile()
+  return optimizer, compiled, records.now() - t0
+
+
+def _time_side(ctx, batch, step_fn, step_hp):
+  """One side's update: compiled, its memory, a first step (loss and
+  entropy kept), then --steps timed ones."""
+  model = ctx.session.model
+  optimizer, compiled, compile_s = _compile_step(ctx, batch, step_fn, step_hp)
+  stats = memory_stats(compiled)
+  times, first = [], None
+  for step in range(1 + options.STEPS.value):
+    t0 = records.now()
+    metrics = jax.device_get(grpo.run_train_step(
+        lambda _: compiled, model, optimizer, batch
+    ))
+    if step:
+      times.append(records.now() - t0)
+    else:
+      first = {k: float(metrics[k]) for k in ('loss', 'entropy')}
+  del optimizer, compiled
+  gc.collect()
+  return dict(
+      median_s=records.median(times),
+      steps_s=[round(x, 6) for x in times],
+      compile_s=compile_s,
+      first_loss=first['loss'],
+      first_entropy=first['entropy'],
+      **stats,
+  )
+
+
+def _check_same_computation(ours, peer):
+  """Raises ValueError unless both sides' first loss and entropy agree."""
+  for key in ('first_loss', 'first_entropy'):
+    if not abs(ours[key] - peer[key]) <= 1e-3 * (1.0 + abs(peer[key])):
+      raise ValueError(
+          f'The naive update is not the same computation: {key} '
+          f'{peer[key]} vs ours {ours[key]}.'
+      )
