@@ -36,7 +36,7 @@ def test_training_path_imports_only_machine_and_bundle_packages():
   # the path imports is on its list.
   assert not set(found.bundle) & set(machine)
   assert set(found.machine) <= set(machine)
-  # The packages this issue found missing there are carried.
+  # Packages the training path needs and the machine lacks are carried.
   for name in ('google-tunix', 'qwix', 'grain', 'ml-collections'):
     assert name in found.bundle, found.bundle
   assert all(found.bundle.values()), found.bundle
