@@ -12,6 +12,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 import pytest
 
+from agent_tunix.rl import advantages
 from agent_tunix.rl import dynamic_sampling
 from agent_tunix.rl import objectives
 from agent_tunix.rl import rollout
@@ -153,8 +154,7 @@ def test_assemble_on_one_process(scale_rewards):
   selection = dynamic_sampling.select([_ROUNDS[0], _ROUNDS[2]], 4)
   rounds = [rounds[0], rounds[2]]
   update = dynamic_sampling.assemble(
-      rounds, selection, dynamic_sampling.own_places(4, 0, 1), G,
-      scale_rewards)
+      rounds, selection, dynamic_sampling.own_places(4, 0, 1), G)
   np.testing.assert_array_equal(selection.picks,
                                 [[0, 0], [0, 2], [1, 1], [0, 1]])
   assert update.tokens.shape == (8, 7)
@@ -171,12 +171,17 @@ def test_assemble_on_one_process(scale_rewards):
         rounds[r].completions.logps[j * G:(j + 1) * G])
   kept_rewards = np.concatenate(
       [_ROUNDS[0][0], _ROUNDS[0][2], _ROUNDS[2][1]])
-  np.testing.assert_array_equal(
-      update.advantages[:6],
-      np.asarray(objectives.group_advantages(kept_rewards, G,
-                                             scale_rewards)))
-  # The filling group (round 0, group 1) is out of the loss.
-  np.testing.assert_array_equal(update.advantages[6:], 0.0)
+  # The update's advantages: the kept groups' among themselves, and 0 for
+  # the filling group (round 0, group 1), which is out of the loss.
+  assert update.advantages is None
+  np.testing.assert_array_equal(update.rewards[:6], kept_rewards)
+  got, _ = advantages.estimate(
+      advantages.GroupRelative(G, scale_rewards), update.rewards, None,
+      update.completion_mask)
+  np.testing.assert_allclose(
+      got[:6], objectives.group_advantages(kept_rewards, G, scale_rewards),
+      rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(got[6:], 0.0)
   np.testing.assert_array_equal(update.completion_mask[6:], 0.0)
   np.testing.assert_array_equal(update.completion_mask[:6, :3], 1.0)
   np.testing.assert_array_equal(update.completion_mask[:, 3], 0.0)
@@ -190,12 +195,11 @@ def test_processes_split_the_one_process_batch():
   """Two processes' parts are the one-process batch's places 0, 2 / 1, 3."""
   rounds = [_round(i, r) for i, r in enumerate(_ROUNDS[:2])]
   selection = dynamic_sampling.select(_ROUNDS[:2], 4)
-  one = dynamic_sampling.assemble(rounds, selection, [0, 1, 2, 3], G,
-                                  'group')
+  one = dynamic_sampling.assemble(rounds, selection, [0, 1, 2, 3], G)
   for p in range(2):
     places = dynamic_sampling.own_places(4, p, 2)
     np.testing.assert_array_equal(places, [p, p + 2])
-    part = dynamic_sampling.assemble(rounds, selection, places, G, 'group')
+    part = dynamic_sampling.assemble(rounds, selection, places, G)
     rows = np.concatenate([np.arange(k * G, (k + 1) * G) for k in places])
     jax.tree.map(lambda got, want: np.testing.assert_array_equal(
         got, want[rows]), part, one)

@@ -170,8 +170,9 @@ def peer_hparams(ctx, peer):
 
   A peer runs KL at hp.beta (grpo.beta; with an adaptive controller
   grpo.init_kl_coeff, the starting value our side holds) and takes the
-  reference pass when ours does (hp.needs_reference). MaxEnt-GRPO needs
-  that pass even at beta 0 and no peer has it, so the peer is skipped.
+  reference pass when ours does (hp.needs_reference). A peer computes
+  GRPO's advantages: with another estimator (MaxEnt-GRPO, which also needs
+  the reference pass at beta 0, or RLOO) the peer is skipped.
 
   Args:
     ctx: the bench's `Context`.
@@ -181,14 +182,16 @@ def peer_hparams(ctx, peer):
     ctx.session.hp.
 
   Raises:
-    records.Skipped: MaxEnt-GRPO is on.
+    records.Skipped: the advantage estimator is not GRPO's.
   """
   hp = ctx.session.hp
-  if hp.maxent_tau > 0:
+  estimator = hp.objective.advantages.name
+  if estimator != 'grpo':
     raise records.Skipped(
-        f'{peer} has no MaxEnt-GRPO (grpo.maxent_tau={hp.maxent_tau}: our '
-        'step takes a reference pass and computes other advantages); '
-        'benchmark with grpo.maxent_tau=0.'
+        f'{peer} has only GRPO\'s advantages (our estimator is '
+        f'{estimator!r}: MaxEnt-GRPO takes a reference pass, RLOO other '
+        "advantages); benchmark with grpo.maxent_tau=0 and "
+        "grpo.advantage_estimator='grpo'."
     )
   return hp
 

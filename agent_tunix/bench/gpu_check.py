@@ -388,8 +388,9 @@ def synthetic_update(ctx):
       input_mask=np.ones((rows, length), bool),
       completion_mask=np.ones((rows, gen.max_generation_steps), np.int32),
   )
-  update = grpo.update_batch(config, sequences, rewards - rewards.mean(),
-                             rewards, ctx.session.hp.beta)
+  update = grpo.update_batch(config, sequences, rewards,
+                             ctx.session.hp.beta).replace(
+                                 advantages=rewards - rewards.mean())
   batch = sharding.shard_batch(update, ctx.mesh)
   if ctx.session.hp.needs_reference:
     batch = batch.replace(ref_logps=jax.block_until_ready(

@@ -8,7 +8,6 @@ from agent_tunix.bench import context
 from agent_tunix.bench import options
 from agent_tunix.bench import records
 from agent_tunix.rl import grpo
-from agent_tunix.rl import objectives
 from agent_tunix.rl import rollout
 from agent_tunix.run import train
 from agent_tunix.tpu import sharding
@@ -40,9 +39,6 @@ def ours_grpo(ctx):
     )
     t1 = records.now()
     rewards = np.asarray(context.toy_reward(prompts, out.texts), np.float32)
-    advantages = np.asarray(
-        objectives.group_advantages(rewards, num_g, g.scale_rewards), np.float32
-    )
     sequences = grpo.Sequences(
         tokens=np.concatenate([rows['prompt_tokens'], out.tokens], axis=1),
         input_mask=np.concatenate(
@@ -51,8 +47,7 @@ def ours_grpo(ctx):
         completion_mask=out.mask,
     )
     # The bench holds an adaptive KL coefficient at its starting value.
-    update = grpo.update_batch(config, sequences, advantages, rewards,
-                               hp.beta)
+    update = grpo.update_batch(config, sequences, rewards, hp.beta)
     batch = sharding.shard_batch(update, ctx.mesh)
     t2 = records.now()
     if hp.needs_reference:

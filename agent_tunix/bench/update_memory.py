@@ -97,8 +97,8 @@ def synthetic_update(ctx):
         np.float32
     ) - 5.0
   return grpo.update_batch(
-      config, sequences, advantages, rng.standard_normal(rows), hp.beta,
-  ).replace(ref_logps=ref_logps)
+      config, sequences, rng.standard_normal(rows), hp.beta,
+  ).replace(advantages=advantages, ref_logps=ref_logps)
 
 
 def memory_measurement(ctx):

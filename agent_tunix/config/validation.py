@@ -4,6 +4,7 @@ Every check names the config field, the bad value and the fix, so a typo or
 an impossible combination costs seconds, not a model load.
 """
 
+import dataclasses
 import importlib.util
 import math
 import os
@@ -21,6 +22,7 @@ from agent_tunix.judge import checks as judge_checks
 from agent_tunix.models import families
 from agent_tunix.models import gemma
 from agent_tunix.models import gguf
+from agent_tunix.rl import advantages
 from agent_tunix.rl import objectives
 from agent_tunix.rl import remat
 from agent_tunix.rl import rollout
@@ -37,8 +39,96 @@ _CHOICES = {
     'grpo.scale_rewards': objectives.SCALE_REWARDS_MODES,
     'grpo.loss_agg_mode': objectives.LOSS_AGG_MODES,
     'grpo.importance_sampling_level': objectives.IMPORTANCE_SAMPLING_LEVELS,
+    'grpo.advantage_estimator': tuple(advantages.ESTIMATORS),
     'agent.format': tuple(formats.FORMATS),
     'agent.cut_episodes': ('score', 'mask'),
+}
+
+
+
+@dataclasses.dataclass(frozen=True)
+class _Range:
+  """A field's bounds: low <= value <= high (None: unbounded; an open end
+  excludes its value); `note` ends the message (what the ends mean)."""
+
+  low: float | None = None
+  high: float | None = None
+  low_open: bool = False
+  note: str = ''
+
+  def holds(self, value) -> bool:
+    if self.low is not None and (
+        value < self.low or (self.low_open and value == self.low)):
+      return False
+    return self.high is None or value <= self.high
+
+  def rule(self) -> str:
+    if self.high is None:
+      return f'{">" if self.low_open else ">="} {self.low}'
+    return f'in {"(" if self.low_open else "["}{self.low}, {self.high}]'
+
+
+def _at_least(low, note=''):
+  return _Range(low, note=note)
+
+
+def _above(low, note=''):
+  return _Range(low, low_open=True, note=note)
+
+
+# Every field with bounds of its own, checked by its section's
+# `_check_bounds` (cross-field checks stay in the sections).
+_BOUNDS = {
+    'model.lora_rank': _at_least(0, ' (0 disables LoRA)'),
+    'rewards.overlong_penalty': _at_least(0),
+    'grpo.beta': _at_least(0),
+    'grpo.kl_target': _at_least(0, ' (0 = fixed beta)'),
+    'grpo.init_kl_coeff': _at_least(0),
+    'grpo.kl_horizon': _above(0, ' (completions)'),
+    'grpo.entropy_coeff': _at_least(0, ' (0 = off)'),
+    'grpo.maxent_tau': _at_least(0, ' (0 = off)'),
+    'grpo.maxent_q_temperature': _above(0),
+    'grpo.maxent_q_epsilon': _Range(0, 1),
+    # The clip range has no "0 = off": at 0 the clipped ratio is the
+    # constant 1, so every token that moved the way its advantage pushes is
+    # clipped (no gradient) and the policy cannot leave the one that sampled.
+    'grpo.epsilon': _above(0, ' (the clip range; 0 clips every update '
+                           'away): use 0.2, or ~3e-4 with GSPO'),
+    'grpo.num_iterations': _at_least(1),
+    'grpo.tis_cap': _at_least(0, ' (0 = off)'),
+    'grpo.max_sampling_rounds': _at_least(
+        1, ' (1 = sample one batch per step)'),
+    'grpo.logps_chunk_size': _at_least(1),
+    'generation.max_prompt_length': _at_least(1),
+    'generation.max_generation_steps': _at_least(1),
+    'generation.temperature': _at_least(0),
+    'generation.decode_chunk_steps': _at_least(1),
+    'generation.top_p': _Range(0, 1, low_open=True),
+    'generation.top_k': _at_least(0),
+    'agent.max_tool_calls': _at_least(1),
+    'agent.max_calls_per_turn': _at_least(1),
+    'agent.max_turn_tokens': _at_least(1),
+    'agent.max_tool_output_tokens': _at_least(8),
+    'agent.tool_timeout_s': _above(0),
+    'agent.episode_timeout_s': _at_least(0, ' (0 = no limit)'),
+    'agent.tool_use_bonus': _Range(
+        0, 0.5, note=': a larger bonus pays calls for their own sake'),
+    'optimizer.learning_rate': _above(0),
+    'optimizer.warmup_ratio': _Range(0, 1),
+    'optimizer.max_grad_norm': _at_least(0, ' (0 turns clipping off)'),
+    'training.num_steps': _at_least(1),
+    'training.batch_size': _at_least(1),
+    'training.micro_batch_size': _at_least(1),
+    'checkpoint.save_interval_steps': _at_least(0),
+    'checkpoint.max_to_keep': _at_least(1),
+    'eval.eval_every_n_steps': _at_least(0),
+    'eval.pass_at_k': _at_least(0),
+    'eval.batch_size': _at_least(1),
+    'alarms.zero_std_frac': _Range(0, 1, note=' (a share of the batch)'),
+    'alarms.clipped_frac': _Range(0, 1, note=' (a share of the batch)'),
+    'alarms.entropy_min': _at_least(0),
+    'alarms.hacking_accuracy_drop': _at_least(0),
+    'logging.report_every_n_steps': _at_least(1),
 }
 
 
@@ -127,9 +217,21 @@ def _check_choices(config, section):
       )
 
 
+def _check_bounds(config, section):
+  """The section's fields with bounds of their own (`_BOUNDS`)."""
+  for field, bounds in _BOUNDS.items():
+    if field.startswith(f'{section}.'):
+      value = _get(config, field)
+      _require(
+          bounds.holds(value),
+          f'config.{field}={value} must be {bounds.rule()}{bounds.note}.',
+      )
+
+
 def _check_model(config):
   """The model: known choices, an -it preset on -it weights, the LoRA rank."""
   _check_choices(config, 'model')
+  _check_bounds(config, 'model')
   m = config.model
   _require(
       not (m.source == 'gguf' and gemma.is_instruction_tuned(m.preset)
@@ -139,10 +241,6 @@ def _check_model(config):
       'pretrained Gemma 3 270M GGUF. Point config.model.path to an '
       'instruction-tuned (-it) Gemma 3 GGUF file, or use the pretrained '
       'preset (drop :it).',
-  )
-  _require(
-      m.lora_rank >= 0,
-      f'config.model.lora_rank={m.lora_rank} must be >= 0 (0 disables LoRA).',
   )
   _require(
       not (families.of_preset(m.preset) is not families.PACKAGED
@@ -220,15 +318,12 @@ def _check_data_files(config, names, splits):
 def _check_rewards(config):
   """The overlong penalty fits the completion limit; every function loads."""
   r, gen = config.rewards, config.generation
+  _check_bounds(config, 'rewards')
   _require(
       0 <= r.overlong_buffer <= gen.max_generation_steps,
       f'config.rewards.overlong_buffer={r.overlong_buffer} must be between 0 '
       '(off) and config.generation.max_generation_steps='
       f'{gen.max_generation_steps}.',
-  )
-  _require(
-      r.overlong_penalty >= 0,
-      f'config.rewards.overlong_penalty={r.overlong_penalty} must be >= 0.',
   )
   try:
     names = [name for name, _ in rewards.parse_spec(r.functions)]
@@ -241,22 +336,14 @@ def _check_rewards(config):
 
 
 def _check_grpo(config):
-  """GRPO: known choices, group size, KL controller, clipping, sampling."""
+  """GRPO: known choices, group size, KL controller, clipping, estimator."""
   _check_choices(config, 'grpo')
+  _check_bounds(config, 'grpo')
   g = config.grpo
   _require(
       g.num_generations >= 2,
       f'config.grpo.num_generations={g.num_generations}: GRPO compares '
       'completions within a group, so it needs at least 2.',
-  )
-  _require(g.beta >= 0, f'config.grpo.beta={g.beta} must be >= 0.')
-  _require(
-      g.kl_target >= 0,
-      f'config.grpo.kl_target={g.kl_target} must be >= 0 (0 = fixed beta).',
-  )
-  _require(
-      g.init_kl_coeff >= 0,
-      f'config.grpo.init_kl_coeff={g.init_kl_coeff} must be >= 0.',
   )
   _require(
       g.kl_target > 0 or g.init_kl_coeff == 0,
@@ -270,66 +357,24 @@ def _check_grpo(config):
       'which needs a start > 0: set grpo.init_kl_coeff or grpo.beta.',
   )
   _require(
-      g.kl_horizon > 0,
-      f'config.grpo.kl_horizon={g.kl_horizon} must be > 0 (completions).',
-  )
-  _require(
-      g.entropy_coeff >= 0,
-      f'config.grpo.entropy_coeff={g.entropy_coeff} must be >= 0 (0 = off).',
-  )
-  _require(
-      g.maxent_tau >= 0,
-      f'config.grpo.maxent_tau={g.maxent_tau} must be >= 0 (0 = off).',
-  )
-  _require(
-      g.maxent_q_temperature > 0,
-      f'config.grpo.maxent_q_temperature={g.maxent_q_temperature} must be '
-      '> 0.',
-  )
-  _require(
-      0 <= g.maxent_q_epsilon <= 1,
-      f'config.grpo.maxent_q_epsilon={g.maxent_q_epsilon} must be in [0, 1].',
-  )
-  # The clip range has no "0 = off": at 0 the clipped ratio is the constant
-  # 1, so every token that moved the way its advantage pushes is clipped
-  # (no gradient) and the policy cannot leave the one that sampled.
-  _require(
-      g.epsilon > 0,
-      f'config.grpo.epsilon={g.epsilon} must be > 0 (the clip range; 0 '
-      'clips every update away): use 0.2, or ~3e-4 with GSPO.',
-  )
-  _require(
       g.epsilon_high != 0,
       f'config.grpo.epsilon_high={g.epsilon_high} must be > 0, or negative '
       'for the same range as grpo.epsilon (0 clips every increase away).',
   )
+  maxent = g.maxent_tau > 0
   _require(
-      g.num_iterations >= 1,
-      f'config.grpo.num_iterations={g.num_iterations} must be >= 1.',
-  )
-  _require(
-      g.tis_cap >= 0,
-      f'config.grpo.tis_cap={g.tis_cap} must be >= 0 (0 = off).',
-  )
-  _require(
-      g.max_sampling_rounds >= 1,
-      f'config.grpo.max_sampling_rounds={g.max_sampling_rounds} must be >= 1 '
-      '(1 = sample one batch per step).',
-  )
-  _require(
-      g.logps_chunk_size >= 1,
-      f'config.grpo.logps_chunk_size={g.logps_chunk_size} must be >= 1.',
+      g.advantage_estimator in (('grpo', 'maxent') if maxent else
+                                ('grpo', 'rloo')),
+      f'config.grpo.advantage_estimator={g.advantage_estimator!r} with '
+      f'config.grpo.maxent_tau={g.maxent_tau}: MaxEnt-GRPO is on exactly '
+      "when maxent_tau > 0; set advantage_estimator='grpo' or maxent_tau.",
   )
 
 
 def _check_generation(config):
   """Rollouts: lengths that fit the KV cache (evaluation's too), sampling."""
   gen = config.generation
-  for field in ('max_prompt_length', 'max_generation_steps'):
-    _require(
-        gen[field] >= 1,
-        f'config.generation.{field}={gen[field]} must be >= 1.',
-    )
+  _check_bounds(config, 'generation')
   for name, steps in (('generation.max_generation_steps',
                        gen.max_generation_steps),
                       ('eval.max_generation_steps',
@@ -342,27 +387,11 @@ def _check_generation(config):
         f'(config.generation.kv_cache_size={gen.kv_cache_size}). Raise '
         'kv_cache_size or shorten the lengths.',
     )
-  _require(
-      gen.temperature >= 0,
-      f'config.generation.temperature={gen.temperature} must be >= 0.',
-  )
-  _require(
-      gen.decode_chunk_steps >= 1,
-      f'config.generation.decode_chunk_steps={gen.decode_chunk_steps} must '
-      'be >= 1.',
-  )
   if gen.stop_sequences != 'auto':
     try:
       rollout.parse_stop_sequences(gen.stop_sequences)
     except ValueError as e:
       raise ConfigError(f'config.{e}') from None
-  _require(
-      0 < gen.top_p <= 1,
-      f'config.generation.top_p={gen.top_p} must be in (0, 1].',
-  )
-  _require(
-      gen.top_k >= 0, f'config.generation.top_k={gen.top_k} must be >= 0.'
-  )
 
 
 def _check_agent(config):
@@ -393,49 +422,18 @@ def _check_agent(config):
         f'config.agent.format={agent.format!r} writes {writes} turns, but '
         f'model.preset={config.model.preset!r} is a {family} model; set '
         f'config.agent.format={want!r}.')
-  for field, least in (('max_tool_calls', 1), ('max_calls_per_turn', 1),
-                       ('max_turn_tokens', 1), ('max_tool_output_tokens', 8)):
-    _require(agent[field] >= least,
-             f'config.agent.{field}={agent[field]} must be >= {least}.')
-  _require(agent.tool_timeout_s > 0,
-           f'config.agent.tool_timeout_s={agent.tool_timeout_s} must be > 0.')
-  _require(agent.episode_timeout_s >= 0,
-           f'config.agent.episode_timeout_s={agent.episode_timeout_s} must '
-           'be >= 0 (0 = no limit).')
-  _require(0 <= agent.tool_use_bonus <= 0.5,
-           f'config.agent.tool_use_bonus={agent.tool_use_bonus} must be in '
-           '[0, 0.5]: a larger bonus pays calls for their own sake.')
+  _check_bounds(config, 'agent')
 
 
 def _check_optimizer(config):
   """AdamW: a positive learning rate, a warmup share, clipping >= 0."""
-  opt = config.optimizer
-  _require(
-      opt.learning_rate > 0,
-      f'config.optimizer.learning_rate={opt.learning_rate} must be > 0.',
-  )
-  _require(
-      0 <= opt.warmup_ratio <= 1,
-      f'config.optimizer.warmup_ratio={opt.warmup_ratio} must be in [0, 1].',
-  )
-  _require(
-      opt.max_grad_norm >= 0,
-      f'config.optimizer.max_grad_norm={opt.max_grad_norm} must be >= 0 '
-      '(0 turns clipping off).',
-  )
+  _check_bounds(config, 'optimizer')
 
 
 def _check_training(config, process_count):
   """Steps and a batch that splits into micro-batches and over processes."""
   t = config.training
-  _require(
-      t.num_steps >= 1,
-      f'config.training.num_steps={t.num_steps} must be >= 1.',
-  )
-  _require(
-      t.batch_size >= 1 and t.micro_batch_size >= 1,
-      'config.training.batch_size and micro_batch_size must be >= 1.',
-  )
+  _check_bounds(config, 'training')
   _require(
       t.batch_size % t.micro_batch_size == 0,
       f'config.training.batch_size={t.batch_size} is not divisible by '
@@ -452,24 +450,12 @@ def _check_training(config, process_count):
 
 def _check_checkpoint(config):
   """Save interval and checkpoints kept."""
-  ck = config.checkpoint
-  _require(
-      ck.save_interval_steps >= 0 and ck.max_to_keep >= 1,
-      f'config.checkpoint.save_interval_steps={ck.save_interval_steps} must '
-      f'be >= 0 and config.checkpoint.max_to_keep={ck.max_to_keep} >= 1.',
-  )
+  _check_bounds(config, 'checkpoint')
 
 
 def _check_eval(config):
   """Evaluation interval, pass@k and batch (its length: _check_generation)."""
-  _require(
-      config.eval.eval_every_n_steps >= 0 and config.eval.pass_at_k >= 0,
-      'config.eval.eval_every_n_steps and pass_at_k must be >= 0.',
-  )
-  _require(
-      config.eval.batch_size >= 1,
-      f'config.eval.batch_size={config.eval.batch_size} must be >= 1.',
-  )
+  _check_bounds(config, 'eval')
 
 
 def _tp_dims(model_cfg):
@@ -563,27 +549,12 @@ def _check_alarms(config):
         f'config.alarms.{field}={alarms[field]!r} must be a whole number of '
         'steps >= 0 (0 turns the alarm off).',
     )
-  for field in ('zero_std_frac', 'clipped_frac'):
-    _require(
-        0 <= alarms[field] <= 1,
-        f'config.alarms.{field}={alarms[field]} is a share of the batch: it '
-        'must be in [0, 1].',
-    )
-  _require(
-      alarms.entropy_min >= 0 and alarms.hacking_accuracy_drop >= 0,
-      f'config.alarms.entropy_min={alarms.entropy_min} and '
-      f'config.alarms.hacking_accuracy_drop={alarms.hacking_accuracy_drop} '
-      'must be >= 0.',
-  )
+  _check_bounds(config, 'alarms')
 
 
 def _check_logging(config):
   """A report interval >= 1; a W&B project needs the (optional) wandb."""
-  _require(
-      config.logging.report_every_n_steps >= 1,
-      'config.logging.report_every_n_steps='
-      f'{config.logging.report_every_n_steps} must be >= 1.',
-  )
+  _check_bounds(config, 'logging')
   project = config.logging.wandb_project
   if project:
     _require(

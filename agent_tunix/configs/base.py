@@ -253,20 +253,17 @@ def get_config(arg=None):
   config.grpo.kl_estimator = 'k3'
   # PPO clip range (lower, and upper unless epsilon_high is set).
   config.grpo.epsilon = 0.2
-  # Upper clip range (clip-higher); negative means equal to epsilon.
-  config.grpo.epsilon_high = -1.0
-  # Importance ratio: 'token' (per token, PPO/GRPO) or 'sequence' (GSPO:
-  # one length-normalised ratio per completion, clipped; use epsilon ~3e-4).
-  config.grpo.importance_sampling_level = 'token'
-  # Entropy bonus: c in loss - c * H (mean token entropy of the policy); 0 =
-  # off.
-  config.grpo.entropy_coeff = 0.0
   # mu: policy updates per batch of rollouts (the learning-rate schedule
   # spans training.num_steps x mu updates).
   config.grpo.num_iterations = 1
   # Advantage normalisation: 'group' (std within each group), 'batch' (std
   # over the batch) or 'none' (mean-centred only).
   config.grpo.scale_rewards = 'group'
+  # Advantage estimator (agent_tunix/rl/advantages.py): 'grpo' (reward
+  # minus its group's mean, scaled by scale_rewards) or 'rloo' (minus the
+  # mean of the group's other rewards, unscaled); maxent_tau > 0 picks
+  # 'maxent'.
+  config.grpo.advantage_estimator = 'grpo'
   # Loss aggregation: 'token-mean', 'sequence-mean-token-mean' or
   # 'sequence-mean-token-sum-norm' (Dr. GRPO).
   config.grpo.loss_agg_mode = 'token-mean'
@@ -280,6 +277,17 @@ def get_config(arg=None):
   # completion fits in the model's sliding window (otherwise every row runs
   # in full). The rollout always prefills each prompt once (exact).
   config.grpo.share_prompts = True
+
+  # -- Policy-loss variants (agent_tunix/rl/losses.py)
+
+  # Upper clip range (DAPO's clip-higher); negative means equal to epsilon.
+  config.grpo.epsilon_high = -1.0
+  # Importance ratio: 'token' (per token, PPO/GRPO) or 'sequence' (GSPO:
+  # one length-normalised ratio per completion, clipped; use epsilon ~3e-4).
+  config.grpo.importance_sampling_level = 'token'
+  # Entropy bonus: c in loss - c * H (mean token entropy of the policy); 0 =
+  # off.
+  config.grpo.entropy_coeff = 0.0
 
   # -- Adaptive KL (when kl_target > 0)
 

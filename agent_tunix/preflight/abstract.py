@@ -104,7 +104,7 @@ def update_batch(config, mesh, completion_len=None):
       'tokens': ((rows, prompt + c), jnp.int32),
       'input_mask': ((rows, prompt + c), jnp.bool_),
       'completion_mask': ((rows, c), jnp.float32),
-      'advantages': ((rows,), jnp.float32),
+      'rewards': ((rows,), jnp.float32),
       'sampler_logps': ((rows, c), jnp.float32),
   }
   hp = grpo.hparams_from_config(config)

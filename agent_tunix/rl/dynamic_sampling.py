@@ -2,12 +2,12 @@
 
 Layer: rl; may import agent, data, models, rewards, tpu, storage and cli.
 
-`run.train.rollout_dynamic` calls `collect` (sample rounds of B prompts
-until B groups have a reward spread, `grpo.max_sampling_rounds` batches
+`step_rollout.StepRollout` (grpo.dynamic_sampling) calls `collect` (sample
+rounds of B prompts until B groups have a reward spread, `grpo.max_sampling_rounds` batches
 were sampled, or the data ends; it returns the rounds and their
 `Selection`), `assemble` with `own_places` (this process's rows of the
 update batch, B groups of G rows: the groups without a spread that fill
-it have zero advantages and completion mask) and `step_scalars` (the
+it have a zero completion mask, so the update gives them zero advantages) and `step_scalars` (the
 `dynamic_sampling/*` metrics).
 
 Design notes: docs/how_it_works.md, 'Dynamic sampling'.
@@ -20,7 +20,6 @@ from absl import logging
 import numpy as np
 
 from agent_tunix.rl import grpo
-from agent_tunix.rl import objectives
 
 
 def has_spread(group_rewards):
@@ -152,7 +151,7 @@ class Round:
   samples: tuple
 
 
-def assemble(rounds, selection, places, num_generations, scale_rewards):
+def assemble(rounds, selection, places, num_generations):
   """This process's rows of the update batch.
 
   Args:
@@ -160,15 +159,13 @@ def assemble(rounds, selection, places, num_generations, scale_rewards):
     selection: their `Selection`.
     places: this process's places of the batch (`own_places`), ascending.
     num_generations: G.
-    scale_rewards: grpo.scale_rewards, for the advantages.
 
   Returns:
     A `grpo.UpdateBatch` of len(places) * G rows with sampler_logps and
-    rewards (the rows' total rewards, every process's `grpo.update_batch`
-    keeps them for MaxEnt-GRPO). Advantages are those of the kept groups
-    among themselves (`objectives.group_advantages` on this process's kept
-    rows, as without dynamic sampling); the filling groups' rows have zero
-    advantages and a zero completion mask.
+    rewards (the rows' total rewards) and no advantages: the update
+    computes them (`grpo.prepare`), and the filling groups' rows, whose
+    completion mask is zero, get zero advantages and stay out of batch
+    statistics (`advantages.estimate`).
   """
   g = num_generations
   places = np.asarray(places)
@@ -192,17 +189,12 @@ def assemble(rounds, selection, places, num_generations, scale_rewards):
   joined = {k: np.concatenate(v) for k, v in parts.items()}
   rewards = joined['rewards'].astype(np.float32)
   num_kept_rows = int(kept.sum()) * g
-  advantages = np.zeros(len(rewards), np.float32)
-  if num_kept_rows:
-    advantages[:num_kept_rows] = np.asarray(objectives.group_advantages(
-        rewards[:num_kept_rows], g, scale_rewards))
   mask = joined['completion_mask'].copy()
   mask[num_kept_rows:] = 0
   return grpo.UpdateBatch(
       tokens=joined['tokens'],
       input_mask=joined['input_mask'].astype(bool),
       completion_mask=mask,
-      advantages=advantages,
       sampler_logps=joined['sampler_logps'],
       rewards=rewards,
   )

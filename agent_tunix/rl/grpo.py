@@ -1,9 +1,11 @@
 """The GRPO update: hyperparameters, micro-batching and the jitted programs.
 
-The objective's math is in `objectives` (pure array functions), the model
-passes that produce log-probs in `logprobs`, rematerialisation in `remat`
-and the optimizer in `optimizer`. This module puts them together into three
-jitted entry points for the train loop:
+The objective's parts are in `losses` (policy losses, correction, terms,
+aggregation) and `advantages` (estimators), both by name over the pure
+array math of `objectives`; the model passes that produce log-probs are in
+`logprobs`, rematerialisation in `remat` and the optimizer in `optimizer`.
+This module puts them together into three jitted entry points for the
+train loop:
 
 * `train_step(model, optimizer, batch, hp)`: one LoRA update from a batch of
   rollouts, with gradient accumulation over micro-batches.
@@ -34,19 +36,22 @@ compiles once:
   tokens           int32   [N, P + C]  left-padded prompt, then completion
   input_mask       bool    [N, P + C]  True on real (non-pad) tokens
   completion_mask  float32 [N, C]      1 on completion tokens that count
-  advantages       float32 [N]
+  advantages       float32 [N]         optional; absent = computed from
+                                       rewards in the update (`prepare`)
   old_logps        float32 [N, C]      optional; absent = current policy
-  ref_logps        float32 [N, C]      needed only when hp.beta > 0
+  ref_logps        float32 [N, C]      needed when hp.needs_reference
   sampler_logps    float32 [N, C]      optional; the sampler's log-probs of
                                        the completion tokens (rollout.py)
-  rewards          float32 [N]         needed only when hp.maxent_tau > 0
+  rewards          float32 [N]         the rows' total rewards; needed
+                                       without advantages
   kl_coeff         float32 [N]         optional; the KL coefficient of each
                                        row (the adaptive controller's
                                        value); absent = hp.beta
 
 `update_batch` builds one from a rollout's `Sequences` (its first three
 fields and sampler_logps: what the log-prob passes read, before any
-reward exists) and its rewards.
+reward exists) and its rewards; the update computes the advantages
+(`prepare`).
 
 The reference policy is the base model: LoRA switched off on the same
 weights (`logprobs.final_hidden_states`).
@@ -63,8 +68,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from agent_tunix.rl import advantages as advantages_lib
 from agent_tunix.rl import logprobs
-from agent_tunix.rl import objectives
+from agent_tunix.rl import losses
 from agent_tunix.rl import remat
 
 # Metric: mean |sampler log-prob - trainer log-prob| over completion tokens.
@@ -105,7 +111,7 @@ class UpdateBatch:
   tokens: Rows
   input_mask: Rows
   completion_mask: Rows
-  advantages: Rows
+  advantages: Rows | None = None
   old_logps: Rows | None = None
   ref_logps: Rows | None = None
   sampler_logps: Rows | None = None
@@ -113,7 +119,7 @@ class UpdateBatch:
   kl_coeff: Rows | None = None
 
   @classmethod
-  def of(cls, sequences: Sequences, advantages: Rows,
+  def of(cls, sequences: Sequences, advantages: Rows | None = None,
          **optional: Rows | None) -> 'UpdateBatch':
     """The batch of `sequences` with these advantages and optional fields."""
     return cls(tokens=sequences.tokens, input_mask=sequences.input_mask,
@@ -132,13 +138,8 @@ class StepHParams:
   """Static hyperparameters of the GRPO update (hashable, for jit).
 
   Attributes:
-    beta: KL coefficient (the starting one with an adaptive controller,
-      whose current value comes in batch.kl_coeff); 0 means no KL term.
-    epsilon: lower PPO clip range (and upper, unless epsilon_high > 0);
-      > 0: at 0 every update is clipped away (`config.validation`).
-    epsilon_high: upper clip range; negative means equal to epsilon.
-    kl_estimator: 'k1' or 'k3'.
-    loss_agg_mode: one of objectives.LOSS_AGG_MODES.
+    objective: the loss's parts and the advantage estimator
+      (`losses.Objective`).
     chunk_size: sequence chunk for log-probs (bounds the [B, chunk, vocab]
       logits buffer).
     micro_batch_size: rows per forward/backward pass; 0 means the whole batch.
@@ -156,97 +157,34 @@ class StepHParams:
       divided by it, so ratio, KL and entropy refer to the distribution the
       completions were drawn from. 1 = the model's own logits (also used
       for greedy rollouts, which have no tempered distribution).
-    tis_cap: truncated importance sampling; 0 = off. Above 0 each token's
-      policy-gradient (clipped surrogate) term is multiplied by
-      w = stop_gradient(min(exp(old_logp - sampler_logp), tis_cap)), where
-      old_logp is the trainer's log-prob of the policy that sampled (the
-      batch's old_logps, or this pass's own) and sampler_logp the
-      sampler's (batch.sampler_logps, required). It corrects for a
-      sampler whose numerics differ from the trainer's (bfloat16, other
-      kernels, a remote sampler); the KL term is not weighted.
-    completion_norm: the tokens per sequence 'sequence-mean-token-sum-norm'
-      (Dr. GRPO) divides by; 0 = the batch's completion length C. The train
-      loop sets generation.max_generation_steps, so trimming a batch to a
-      shorter bucket (`trim_completions`) leaves the loss unchanged.
-    importance_sampling_level: 'token' (PPO/GRPO's per-token ratio,
-      `objectives.clipped_surrogate`) or 'sequence' (GSPO,
-      `objectives.sequence_clipped_surrogate`).
-    entropy_coeff: c of the entropy bonus (`objectives.entropy_bonus`);
-      0 = off.
-    num_generations: G, rows per group (contiguous); needed by MaxEnt.
-    maxent_tau: > 0 turns MaxEnt-GRPO on: the advantages are
-      `objectives.maxent_advantages` of batch.rewards and
-      batch.ref_logps instead of batch.advantages.
-    maxent_q_temperature: see `objectives.maxent_target_weights`.
-    maxent_q_epsilon: see `objectives.maxent_target_weights`.
-    maxent_length_normalize_ref: see `objectives.maxent_advantages`.
   """
 
-  beta: float = 0.04
-  epsilon: float = 0.2
-  epsilon_high: float = -1.0
-  kl_estimator: str = 'k3'
-  loss_agg_mode: str = 'token-mean'
+  objective: losses.Objective = losses.Objective()
   chunk_size: int = 64
   micro_batch_size: int = 0
   remat: str = 'none'
   prompt_group: int = 1
   temperature: float = 1.0
-  tis_cap: float = 0.0
-  completion_norm: int = 0
-  importance_sampling_level: str = 'token'
-  entropy_coeff: float = 0.0
-  num_generations: int = 1
-  maxent_tau: float = 0.0
-  maxent_q_temperature: float = 1.0
-  maxent_q_epsilon: float = 0.05
-  maxent_length_normalize_ref: bool = True
 
   def __post_init__(self):
-    # The update's invariants, for StepHParams built by hand (tests, code
-    # calling this module). A config is checked before `hparams_from_config`
-    # builds these, each field with its fix, by `config.validation` (the one
-    # home of user-input checks); a config that passes it keeps all of them.
-    for name, allowed in (
-        ('kl_estimator', objectives.KL_ESTIMATORS),
-        ('remat', remat.REMAT_MODES),
-        ('loss_agg_mode', objectives.LOSS_AGG_MODES),
-        ('importance_sampling_level', objectives.IMPORTANCE_SAMPLING_LEVELS),
-    ):
-      objectives.check_choice(name, getattr(self, name), allowed)
-    maxent = self.maxent_tau > 0
-    for name, ok, bound in (
-        ('beta', self.beta >= 0, '>= 0'),
-        ('epsilon', self.epsilon > 0, '> 0'),
-        ('epsilon_high', self.epsilon_high != 0, '> 0, or < 0 for epsilon'),
-        ('temperature', self.temperature > 0, '> 0; greedy rollouts use 1'),
-        ('tis_cap', self.tis_cap >= 0, '>= 0 (0 = off)'),
-        ('chunk_size', self.chunk_size >= 1, '>= 1'),
-        ('micro_batch_size', self.micro_batch_size >= 0,
-         '>= 0 (0 = whole batch)'),
-        ('prompt_group', self.prompt_group >= 1
-         and self.micro_batch_size % self.prompt_group == 0,
-         f'>= 1 and divide micro_batch_size={self.micro_batch_size}'),
-        ('maxent_tau', self.maxent_tau >= 0, '>= 0 (0 = off)'),
-        ('num_generations', not maxent or self.num_generations >= 2,
-         '>= 2 for MaxEnt-GRPO'),
-        ('maxent_q_temperature', not maxent or self.maxent_q_temperature > 0,
-         '> 0'),
-        ('maxent_q_epsilon', not maxent or 0 <= self.maxent_q_epsilon <= 1,
-         'in [0, 1]'),
-    ):
-      if not ok:
-        raise ValueError(
-            f'StepHParams {name}={getattr(self, name)!r} must be {bound}.')
+    # Invariants only: a config's fields are checked, each with its fix, by
+    # `config.validation` before `hparams_from_config` builds these.
+    assert self.remat in remat.REMAT_MODES, self.remat
+    assert self.temperature > 0 and self.chunk_size >= 1, self
+    assert self.micro_batch_size >= 0 and self.prompt_group >= 1, self
+    assert self.micro_batch_size % self.prompt_group == 0, (
+        f'prompt_group={self.prompt_group} must divide '
+        f'micro_batch_size={self.micro_batch_size}')
 
   @property
   def needs_reference(self) -> bool:
     """Whether the update reads batch.ref_logps (KL or MaxEnt)."""
-    return self.beta > 0 or self.maxent_tau > 0
+    return self.objective.needs_reference
 
   @property
-  def upper_epsilon(self) -> float:
-    return self.epsilon if self.epsilon_high < 0 else self.epsilon_high
+  def beta(self) -> float:
+    """The KL term's (starting) coefficient; 0 without a KL term."""
+    return self.objective.kl_coeff
 
 
 def initial_kl_coeff(config: Any) -> float:
@@ -264,42 +202,37 @@ def initial_kl_coeff(config: Any) -> float:
 def optional_inputs(config: Any) -> tuple[str, ...]:
   """The optional per-row inputs the update of `config` reads.
 
-  'rewards' with MaxEnt-GRPO (grpo.maxent_tau > 0: its advantages come from
-  them) and 'kl_coeff' with the adaptive KL controller (grpo.kl_target > 0:
-  the step's coefficient, which the static `StepHParams` cannot carry).
-  The host batches of the train loop and the benchmarks get these and only
+  'kl_coeff' with the adaptive KL controller (grpo.kl_target > 0: the
+  step's coefficient, which the static `StepHParams` cannot carry). The
+  host batches of the train loop and the benchmarks get these and only
   these (`update_batch`); the preflight's abstract batch likewise.
   """
-  g = config.grpo
-  return ((('rewards',) if g.maxent_tau > 0 else ()) +
-          (('kl_coeff',) if g.kl_target > 0 else ()))
+  return ('kl_coeff',) if config.grpo.kl_target > 0 else ()
 
 
-def update_batch(config: Any, sequences: Sequences, advantages: Any,
-                 rewards: Any, kl_coeff: float) -> UpdateBatch:
+def update_batch(config: Any, sequences: Sequences, rewards: Any,
+                 kl_coeff: float) -> UpdateBatch:
   """The host update batch of `config`: the one place that builds one.
+
+  Its advantages are left None: the update computes them from the rewards
+  (`prepare`, with the config's estimator).
 
   Args:
     config: the run's config; its `optional_inputs` are set, the other
       optional fields left None (old and reference log-probs come later,
       on the mesh).
     sequences: the rows' host arrays.
-    advantages: [N] advantage of each row.
     rewards: [N] total reward of each row.
     kl_coeff: the KL coefficient of this update (every row gets it).
 
   Returns:
     The `UpdateBatch`, float32 per-row arrays.
   """
-  wanted = optional_inputs(config)
-  advantages = np.asarray(advantages, np.float32)
-  rows = len(advantages)
+  rewards = np.asarray(rewards, np.float32)
   return UpdateBatch.of(
-      sequences, advantages,
-      rewards=(np.asarray(rewards, np.float32) if 'rewards' in wanted
-               else None),
-      kl_coeff=(np.full(rows, kl_coeff, np.float32) if 'kl_coeff' in wanted
-                else None),
+      sequences, None, rewards=rewards,
+      kl_coeff=(np.full(len(rewards), kl_coeff, np.float32)
+                if 'kl_coeff' in optional_inputs(config) else None),
   )
 
 
@@ -316,31 +249,15 @@ def hparams_from_config(config: Any) -> StepHParams:
   Returns:
     The static hyperparameters of the update.
   """
+  g = config.grpo
   return StepHParams(
-      beta=initial_kl_coeff(config),
-      epsilon=float(config.grpo.epsilon),
-      epsilon_high=float(config.grpo.epsilon_high),
-      kl_estimator=config.grpo.kl_estimator,
-      loss_agg_mode=config.grpo.loss_agg_mode,
-      chunk_size=int(config.grpo.logps_chunk_size),
-      micro_batch_size=int(
-          config.training.micro_batch_size * config.grpo.num_generations
-      ),
+      objective=losses.from_config(config, initial_kl_coeff(config)),
+      chunk_size=int(g.logps_chunk_size),
+      micro_batch_size=int(config.training.micro_batch_size
+                           * g.num_generations),
       remat=config.model.remat,
-      prompt_group=(
-          int(config.grpo.num_generations) if config.grpo.share_prompts else 1
-      ),
+      prompt_group=int(g.num_generations) if g.share_prompts else 1,
       temperature=float(config.generation.temperature or 1.0),
-      tis_cap=float(config.grpo.tis_cap),
-      completion_norm=int(config.generation.max_generation_steps),
-      importance_sampling_level=config.grpo.importance_sampling_level,
-      entropy_coeff=float(config.grpo.entropy_coeff),
-      num_generations=int(config.grpo.num_generations),
-      maxent_tau=float(config.grpo.maxent_tau),
-      maxent_q_temperature=float(config.grpo.maxent_q_temperature),
-      maxent_q_epsilon=float(config.grpo.maxent_q_epsilon),
-      maxent_length_normalize_ref=bool(
-          config.grpo.maxent_length_normalize_ref),
   )
 
 
@@ -461,54 +378,42 @@ def _merge_micro_batches(value: jax.Array, group: int = 1) -> jax.Array:
   return value.reshape(count * size, *rest)
 
 
-def _grads_and_metrics(model: nnx.Module, batch: UpdateBatch,
-                       hp: StepHParams, logps_fn=None):
-  """Full-batch loss gradient w.r.t. LoRA params, accumulated over micros.
+def prepare(batch: UpdateBatch, hp: StepHParams):
+  """(The batch with its advantages, metrics of their estimator).
 
-  Args:
-    model: the LoRA model.
-    batch: see the module docstring.
-    hp: static hyperparameters.
-    logps_fn: replaces `logprobs.per_token_logps` (same arguments); the
-      benchmark passes a naive full-logits version.
-
-  Returns:
-    (LoRA grads State, metrics dict).
+  The one place a run's advantages are computed: on the whole batch, after
+  the reference pass (MaxEnt reads its log-probs) and before the gradient
+  function, with hp.objective's estimator (`advantages.estimate`). A batch
+  that brings advantages (benchmarks, tests) keeps them.
   """
-  logps_fn = logps_fn or logprobs.per_token_logps
-  if hp.tis_cap > 0 and batch.sampler_logps is None:
+  if batch.advantages is not None:
+    return batch, {}
+  estimator = hp.objective.advantages
+  if estimator is None or batch.rewards is None:
     raise ValueError(
-        f'tis_cap={hp.tis_cap} needs batch.sampler_logps (the sampler\'s '
-        'log-probs of the completion tokens); pass them or set tis_cap=0.'
-    )
-  if hp.needs_reference and batch.ref_logps is None:
-    raise ValueError(
-        f'beta={hp.beta} / maxent_tau={hp.maxent_tau} needs '
-        'batch.ref_logps; compute them with grpo.reference_logps or set '
-        'both to 0.'
-    )
-  extra_metrics = {}
-  if hp.maxent_tau > 0:
-    if batch.rewards is None:
-      raise ValueError(
-          f'maxent_tau={hp.maxent_tau} needs batch.rewards (the rows\' '
-          'total rewards); pass them or set maxent_tau=0.'
-      )
-    batch = batch.replace(advantages=objectives.maxent_advantages(
-        batch.rewards, batch.ref_logps, batch.completion_mask,
-        hp.num_generations, hp.maxent_tau, hp.maxent_q_temperature,
-        hp.maxent_q_epsilon, hp.maxent_length_normalize_ref,
-    ))
-    # Entropy of each group's target w = (A + 1) / G, mean over groups.
-    weights = (batch.advantages + 1.0) / hp.num_generations
-    extra_metrics['maxent/target_entropy'] = -jnp.sum(
-        weights * jnp.log(jnp.maximum(weights, 1e-30))
-    ) / (weights.shape[0] // hp.num_generations)
-  graphdef, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
-  mask = batch.completion_mask.astype(jnp.float32)
-  completion_len = mask.shape[1]
-  total = jnp.maximum(objectives.agg_count(mask, hp.loss_agg_mode), 1.0)
-  total_tokens = jnp.maximum(mask.sum(), 1.0)
+        'The update batch has no advantages; give it batch.rewards and a '
+        f'StepHParams objective with an advantage estimator (got '
+        f'{estimator!r}), or batch.advantages.')
+  values, metrics = advantages_lib.estimate(
+      estimator, batch.rewards, batch.ref_logps, batch.completion_mask)
+  return batch.replace(advantages=values), metrics
+
+
+def _sampler_gap(old_logps, micro, mask):
+  """{SAMPLER_GAP: masked sum of |trainer - sampler| log-probs} of the
+  policy that sampled (old log-probs, or this pass's own); {} without the
+  sampler's."""
+  if micro.sampler_logps is None:
+    return {}
+  gap = jnp.abs(jax.lax.stop_gradient(old_logps) - micro.sampler_logps)
+  return {SAMPLER_GAP: (gap * mask).sum()}
+
+
+def _loss_fn(graphdef, rest, hp: StepHParams, completion_len, total,
+             logps_fn):
+  """loss(lora_state, micro) -> (the micro-batch's share of the full-batch
+  loss, its masked per-token sums), for `jax.value_and_grad`."""
+  objective = hp.objective
 
   def loss_fn(lora_state, micro):
     # copy=True: fresh Variables and modules owned by this trace. With the
@@ -517,92 +422,76 @@ def _grads_and_metrics(model: nnx.Module, batch: UpdateBatch,
     module = nnx.merge(graphdef, lora_state, rest, copy=True)
     remat.apply_remat(module, hp.remat)
     logps, entropy = logps_fn(
-        module,
-        micro.tokens,
-        micro.input_mask,
-        completion_len,
-        hp.chunk_size,
-        use_lora=True,
-        compute_entropy=True,
-        group=hp.prompt_group,
-        temperature=hp.temperature,
+        module, micro.tokens, micro.input_mask, completion_len,
+        hp.chunk_size, use_lora=True, compute_entropy=True,
+        group=hp.prompt_group, temperature=hp.temperature,
     )
-    micro_mask = micro.completion_mask.astype(jnp.float32)
+    mask = micro.completion_mask.astype(jnp.float32)
     old_logps = micro.old_logps
     if old_logps is None:
       old_logps = jax.lax.stop_gradient(logps)
-    if hp.importance_sampling_level == 'sequence':
-      per_token, is_clipped = objectives.sequence_clipped_surrogate(
-          logps, old_logps, micro.advantages, micro_mask, hp.epsilon,
-          hp.upper_epsilon,
-      )
-    else:
-      per_token, is_clipped = objectives.clipped_surrogate(
-          logps, old_logps, micro.advantages, hp.epsilon,
-          hp.upper_epsilon,
-      )
-    if hp.tis_cap > 0:
-      per_token = per_token * objectives.tis_weights(
-          old_logps, micro.sampler_logps, hp.tis_cap
-      )
-    sums = {
-        'clip_ratio': (is_clipped * micro_mask).sum(),
-        'entropy': (jax.lax.stop_gradient(entropy) * micro_mask).sum(),
-    }
-    if micro.sampler_logps is not None:
-      # The trainer's log-probs of the policy that sampled: the old ones,
-      # or this pass's own (num_iterations = 1).
-      gap = jnp.abs(jax.lax.stop_gradient(old_logps) - micro.sampler_logps)
-      sums[SAMPLER_GAP] = (gap * micro_mask).sum()
-    if hp.beta > 0:
-      kl = objectives.kl_divergence(
-          logps, micro.ref_logps, hp.kl_estimator
-      )
-      coeff = hp.beta if micro.kl_coeff is None else micro.kl_coeff[:, None]
-      per_token = per_token + coeff * kl
-      sums['kl'] = (jax.lax.stop_gradient(kl) * micro_mask).sum()
-    if hp.entropy_coeff:
-      per_token = objectives.entropy_bonus(per_token, entropy,
-                                          hp.entropy_coeff)
+    per_token, sums = objective.per_token_loss(
+        losses.TokenInputs(logps, old_logps, entropy, mask, micro))
+    sums.update(_sampler_gap(old_logps, micro, mask))
     # Weight each micro-batch by its share of the full-batch normaliser so
     # that the sum over micro-batches is the full-batch loss for every mode.
-    weight = objectives.agg_count(micro_mask, hp.loss_agg_mode) / total
-    loss = objectives.aggregate_loss(per_token, micro_mask, hp.loss_agg_mode,
-                          max_len=hp.completion_norm or None) * weight
-    return loss, sums
+    aggregation = objective.aggregation
+    weight = aggregation.count(mask) / total
+    return aggregation(per_token, mask) * weight, sums
 
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  return loss_fn
+
+
+def _grads_and_metrics(model: nnx.Module, batch: UpdateBatch,
+                       hp: StepHParams, logps_fn=None):
+  """Full-batch loss gradient w.r.t. LoRA params, accumulated over micros.
+
+  Args:
+    model: the LoRA model.
+    batch: see the module docstring; with its advantages (`prepare`).
+    hp: static hyperparameters.
+    logps_fn: replaces `logprobs.per_token_logps` (same arguments); the
+      benchmark passes a naive full-logits version.
+
+  Returns:
+    (LoRA grads State, metrics dict).
+  """
+  graphdef, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
+  mask = batch.completion_mask.astype(jnp.float32)
+  total = jnp.maximum(hp.objective.aggregation.count(mask), 1.0)
+  grad_fn = jax.value_and_grad(
+      _loss_fn(graphdef, rest, hp, mask.shape[1], total,
+               logps_fn or logprobs.per_token_logps),
+      has_aux=True)
 
   def accumulate(carry, micro):
     (loss, sums), grads = grad_fn(lora, micro)
     return jax.tree.map(jnp.add, carry, (loss, sums, grads)), None
 
   micros = _micro_batches(batch, hp.micro_batch_size, hp.prompt_group)
-  zero_sums = {'clip_ratio': 0.0, 'entropy': 0.0}
-  if hp.beta > 0:
-    zero_sums['kl'] = 0.0
-  if micros.sampler_logps is not None:
-    zero_sums[SAMPLER_GAP] = 0.0
+  names = hp.objective.sum_names() + (
+      (SAMPLER_GAP,) if micros.sampler_logps is not None else ())
   init = (
       jnp.zeros((), jnp.float32),
-      jax.tree.map(lambda x: jnp.zeros((), jnp.float32), zero_sums),
+      {name: jnp.zeros((), jnp.float32) for name in names},
       jax.tree.map(jnp.zeros_like, lora),
   )
   (loss, sums, grads), _ = jax.lax.scan(accumulate, init, micros)
+  total_tokens = jnp.maximum(mask.sum(), 1.0)
   metrics = {key: value / total_tokens for key, value in sums.items()}
   metrics['loss'] = loss
   metrics['grad_norm'] = optax.tree.norm(grads)
-  if hp.entropy_coeff:
-    # What the bonus takes off the loss, per completion token (token-mean).
-    metrics['entropy_bonus'] = hp.entropy_coeff * metrics['entropy']
-  metrics.update(extra_metrics)
+  metrics.update(hp.objective.final_metrics(metrics))
   return grads, metrics
 
 
-@functools.partial(nnx.jit, static_argnames=('hp',))
-def compute_grads(model: nnx.Module, batch: UpdateBatch, hp: StepHParams):
-  """Returns (LoRA grads State, metrics) of the full-batch loss; no update."""
-  return _grads_and_metrics(model, batch, hp)
+def update_grads(model: nnx.Module, batch: UpdateBatch, hp: StepHParams,
+                 grads_and_metrics=_grads_and_metrics):
+  """(LoRA grads, metrics) of one update: `prepare`, then the gradient
+  function (not jitted; `make_train_step` and tests jit it)."""
+  batch, estimator_metrics = prepare(batch, hp)
+  grads, metrics = grads_and_metrics(model, batch, hp)
+  return grads, {**metrics, **estimator_metrics}
 
 
 class GraphJit:
@@ -712,7 +601,7 @@ def make_train_step(grads_and_metrics) -> GraphJit:
     graphdef, opt_graphdef = graphdefs
     model = nnx.merge(graphdef, lora, rest)
     optimizer = nnx.merge(opt_graphdef, opt_state)
-    grads, metrics = grads_and_metrics(model, batch, hp)
+    grads, metrics = update_grads(model, batch, hp, grads_and_metrics)
     optimizer.update(model, grads)
     return nnx.state(model, nnx.LoRAParam), nnx.state(optimizer), metrics
 

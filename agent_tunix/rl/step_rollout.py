@@ -8,9 +8,9 @@ Layer: rl; may import agent, data, models, rewards, tpu, storage and cli.
 
 One call samples G completions per prompt (`rollout.Rollout`, or with
 tools or an environment `episodes.EpisodeRollout`), scores them with the
-reward set (which owns the run's judge), masks what the loss must not see,
-computes the group-relative advantages and returns a `RolloutBatch`: the
-host update batch, its sequences staged on the mesh (`staging`), the
+reward set (which owns the run's judge), masks what the loss must not see
+and returns a `RolloutBatch`: the host update batch (rewards; the update
+computes the advantages, `grpo.prepare`), its sequences staged on the mesh (`staging`), the
 step's scalars and its sample texts. The log-prob passes need no reward:
 they are dispatched before scoring, so they run on the devices while the
 host scores. With grpo.dynamic_sampling the call samples further batches
@@ -20,8 +20,7 @@ from `more_prompts` until enough groups have a reward spread
 Several processes: the prompt rows are gathered so that every process
 holds the whole batch, in the order one process would have read it; the
 sampler runs once over the mesh and every process decodes and scores only
-its own rows. Groups never straddle processes, so advantages are computed
-locally; step scalars are means over every process's rows. With dynamic
+its own rows. Groups never straddle processes; step scalars are means over every process's rows. With dynamic
 sampling every process keeps every sampled row and gathers every
 process's rewards, so all take the same decision to draw more prompts.
 """
@@ -37,7 +36,6 @@ from agent_tunix.rl import dynamic_sampling
 from agent_tunix.rl import episode_stats
 from agent_tunix.rl import episodes
 from agent_tunix.rl import grpo
-from agent_tunix.rl import objectives
 from agent_tunix.rl import rollout as rollout_lib
 from agent_tunix.rl import staging
 from agent_tunix.tpu import sharding
@@ -259,13 +257,10 @@ class StepRollout:
     )
     staged = self.stage(sequences)  # Runs while the host scores.
     total, per_fn, samples = self._score(rows, out)
-    advantages = np.asarray(
-        objectives.group_advantages(total, g, config.grpo.scale_rewards))
     scalars, means, gen_tokens = _row_scalars(sharding.allgather_concat(
         _reward_rows(total, per_fn, out.lengths, out.truncated)), g)
     scalars.update(self.row_kind.scalars([out], gathered=False))
-    update = grpo.update_batch(config, sequences, advantages, total,
-                               kl_coeff)
+    update = grpo.update_batch(config, sequences, total, kl_coeff)
     return RolloutBatch(update, staged, scalars, means, samples, gen_tokens)
 
   def _round(self, batch, step, sampling_round):
@@ -306,10 +301,9 @@ class StepRollout:
         rounds, selection,
         dynamic_sampling.own_places(batch_size, jax.process_index(),
                                     jax.process_count()),
-        g, config.grpo.scale_rewards)
+        g)
     update = grpo.update_batch(config, assembled.sequences,
-                               assembled.advantages, assembled.rewards,
-                               kl_coeff)
+                               assembled.rewards, kl_coeff)
     scalars, means, gen_tokens = _row_scalars(_concatenated([
         _reward_rows(r.group_rewards.reshape(-1), r.per_fn,
                      r.completions.lengths, r.completions.truncated)
