@@ -346,7 +346,8 @@ def test_log_prob_passes_are_dispatched_before_the_rewards(monkeypatch):
   update, staged = result.update, result.staged
   assert order == ['reference_logps', 'policy_logps', 'rewards']
   assert staged.ref_logps is not None and staged.old_logps is not None
-  assert update.advantages is not None
+  # Rewards, no advantages: the update computes them (grpo.prepare).
+  assert update.rewards is not None and update.advantages is None
   scalars = train.update_policy(session, update, staged)
   assert order == ['reference_logps', 'policy_logps', 'rewards']  # No rerun.
   assert math.isfinite(scalars['loss']) and 'kl' in scalars

@@ -188,9 +188,9 @@ def peer_hparams(ctx, peer):
   estimator = hp.objective.advantages.name
   if estimator != 'grpo':
     raise records.Skipped(
-        f'{peer} has only GRPO\'s advantages (our estimator is '
-        f'{estimator!r}: MaxEnt-GRPO takes a reference pass, RLOO other '
-        "advantages); benchmark with grpo.maxent_tau=0 and "
+        f'{peer} has no MaxEnt-GRPO or RLOO, only GRPO\'s advantages (our '
+        f'estimator is {estimator!r}; MaxEnt-GRPO also takes a reference '
+        "pass); benchmark with grpo.maxent_tau=0 and "
         "grpo.advantage_estimator='grpo'."
     )
   return hp
