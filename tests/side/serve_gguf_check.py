@@ -6,8 +6,8 @@ question) and one plain completion request (the training prompt as text,
 as this project builds it), prints both, and stops the server. The server
 builds the chat prompt from the GGUF's own tokenizer.chat_template, so the
 check passes (exit 0) when the chat request's prompt has exactly as many
-tokens as the training prompt (BOS included) and both requests, greedy,
-give the same answer.
+tokens as the training prompt (BOS included, counted by the server and by
+this project's tokenizer) and both requests, greedy, give the same answer.
 
 llama-cpp-python is not a dependency of this project: install it in a
 venv of its own, e.g.
@@ -29,6 +29,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -39,6 +40,7 @@ sys.path.insert(0, _REPO)
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from agent_tunix.data import prompts
 from agent_tunix.models import families
+from agent_tunix.models import tokenizer as tokenizer_lib
 from agent_tunix.rl import rollout
 
 QUESTION = ('Mia has 125 cards. She buys 4 packs of 25 cards, then gives 38 '
@@ -95,7 +97,9 @@ def main():
              '--model', args.gguf, '--host', '127.0.0.1', '--port', str(port),
              '--n_ctx', '2048', '--model_alias', 'policy']
   print('$', ' '.join(command), flush=True)
-  server = subprocess.Popen(command, stdout=subprocess.PIPE,
+  # The server's log goes to a file: its load log alone can fill a pipe.
+  log_file = tempfile.TemporaryFile('w+')
+  server = subprocess.Popen(command, stdout=log_file,
                             stderr=subprocess.STDOUT, text=True)
   base = f'http://127.0.0.1:{port}/v1'
   try:
@@ -114,20 +118,27 @@ def main():
   finally:
     server.terminate()
     try:
-      log, _ = server.communicate(timeout=30)
+      server.wait(timeout=30)
     except subprocess.TimeoutExpired:
       server.kill()
-      log, _ = server.communicate()
-  for line in log.splitlines():
-    if 'chat template' in line.lower() or 'chat_format' in line.lower():
-      print('server:', line[:300])
+      server.wait()
+    log_file.seek(0)
+    for line in log_file.read().splitlines():
+      if line.startswith(('Using gguf chat template', 'Using chat',
+                          'INFO:')):
+        print('server:', line[:160])
+    log_file.close()
   answer = chat['choices'][0]['message']['content']
   same_text = answer == text['choices'][0]['text']
-  same_prompt = chat['usage']['prompt_tokens'] == text['usage'][
-      'prompt_tokens']
-  print(f'chat prompt tokens {chat["usage"]["prompt_tokens"]}, training '
-        f'prompt tokens {text["usage"]["prompt_tokens"]}; same answer: '
-        f'{same_text}')
+  # The trainer's own count: BOS and the prompt, with this project's
+  # tokenizer of the GGUF.
+  tokenizer = tokenizer_lib.load_gguf_tokenizer(args.gguf)
+  trained = 1 + len(tokenizer.encode(prompt))
+  same_prompt = (chat['usage']['prompt_tokens'] == trained
+                 == text['usage']['prompt_tokens'])
+  print(f'prompt tokens: chat request {chat["usage"]["prompt_tokens"]}, '
+        f'training prompt as text {text["usage"]["prompt_tokens"]}, the '
+        f'trainer\'s {trained}; same answer: {same_text}')
   return 0 if same_text and same_prompt else 1
 
 
