@@ -413,8 +413,8 @@ def test_config_doc_covers_every_field():
 
 def test_field_comments_requires_a_comment():
   source = (
-      'def get_config():\n'
-      '  config = ml_collections.ConfigDict()\n'
+      'def _add_a(config):\n'
+      '  config.a = ml_collections.ConfigDict()\n'
       '  # The first.\n'
       '  config.a.x = 1\n'
       '  config.a.y = 2\n'

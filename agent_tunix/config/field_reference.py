@@ -5,7 +5,8 @@ r"""Generates docs/configuration.md, the reference of every config field.
       --output=docs/configuration.md                  # write it
 
 A field's description is the comment block written directly above its
-`config.section.field = ...` line in agent_tunix/configs/base.py; a field assigned on the
+`config.section.field = ...` line in agent_tunix/configs/base.py (in its
+section's `_add_<section>(config)` function); a field assigned on the
 line right after another one, with no comment of its own, shares that field's
 description (as the AdamW betas do). A comment line `# -- Title` standing
 alone (a blank line below it) starts a group of fields within a section:
@@ -64,6 +65,13 @@ def _field_name(target):
   return None
 
 
+def _section_statements(source):
+  """The statements of base.py's `_add_<section>(config)` functions, in order."""
+  for node in ast.parse(source).body:
+    if isinstance(node, ast.FunctionDef) and node.name.startswith('_add_'):
+      yield from node.body
+
+
 def field_comments(source):
   """{'section.field': description} in the order fields appear in `source`.
 
@@ -85,13 +93,9 @@ def field_comments(source):
       if tok.type == tokenize.COMMENT
       and lines[tok.start[0] - 1].lstrip().startswith('#')
   }
-  get_config = next(
-      node for node in ast.parse(source).body
-      if isinstance(node, ast.FunctionDef) and node.name == 'get_config'
-  )
   fields = {}
   previous_name, previous_end = None, -1
-  for node in get_config.body:
+  for node in _section_statements(source):
     if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
       continue
     name = _field_name(node.targets[0])
@@ -131,12 +135,8 @@ def field_groups(source):
       match = _GROUP.fullmatch(tok.string[1:].strip())
       if match:
         titles[tok.start[0]] = match.group(1)
-  get_config = next(
-      node for node in ast.parse(source).body
-      if isinstance(node, ast.FunctionDef) and node.name == 'get_config'
-  )
   groups, pending = {}, None
-  for node in get_config.body:
+  for node in _section_statements(source):
     while titles and min(titles) < node.lineno:
       pending = titles.pop(min(titles))
     if not (isinstance(node, ast.Assign) and len(node.targets) == 1):

