@@ -70,8 +70,9 @@ def main(argv):
     return
   if _PRINT_PROMPTS.value:
     validation.validate(config)
-    opening.exit_on_error(config)
     from agent_tunix.run import preview  # pylint: disable=g-import-not-at-top
+    config = preview.every_row(config)
+    opening.exit_on_error(config)
     preview.print_prompts(config, _PRINT_PROMPTS.value)
     return
   if not _WORKDIR.value:

@@ -320,3 +320,36 @@ def test_main_print_prompts_shows_a_users_prompt_without_weights(tmp_path):
                       header)
   assert prompt.count('Question: ') == 1 and 'Ann has' not in prompt
   assert 'Loading GGUF weights' not in out.stderr
+
+
+def test_every_row_shows_the_runs_prompts_in_its_order(tmp_path):
+  config = _config(source='jsonl', path=_geography(tmp_path))
+  run_batch = next(pipeline.make_train_iterator(
+      config, WordTokenizer(), turns='gemma3')[0])
+  out = io.StringIO()
+  preview.print_prompts(preview.every_row(config), 2, out=out,
+                        tokenizer=WordTokenizer())
+  blocks = re.split(r'^--- ', out.getvalue(), flags=re.M)[1:]
+  assert [b.split('\n', 1)[1] for b in blocks] == list(run_batch['prompt'])
+  assert config.training.batch_size == 2  # The run's config is untouched.
+
+
+def test_main_print_prompts_shows_rows_a_run_refuses(tmp_path):
+  # Answers without a number, and fewer rows than a batch: a run refuses
+  # both; their prompts are still shown.
+  for split in ('train', 'test'):
+    _write_jsonl(tmp_path / f'{split}.jsonl', [
+        {'question': 'What is the capital of Peru?', 'answer': 'Lima'},
+        {'question': 'Which river flows through Cairo?', 'answer': 'Nile'}])
+  path = str(tmp_path / '{split}.jsonl')
+  out = _run('agent_tunix.main', '--config=configs/gemma3_270m.py',
+             '--config.data.source=jsonl', f'--config.data.path={path}',
+             '--print_prompts=2')
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.count('--- train prompt ') == 2
+  assert 'capital of Peru' in out.stdout and 'Ann has' not in out.stdout
+  refused = _run('agent_tunix.main', '--config=configs/gemma3_270m.py',
+                 '--config.data.source=jsonl', f'--config.data.path={path}',
+                 f'--workdir={tmp_path / "w"}')
+  assert refused.returncode == 2, refused.stderr[-3000:]
+  assert "'Lima' has no number" in refused.stderr

@@ -213,6 +213,9 @@ def read_parquet(path):
 
 
 BAD_ROWS = ('error', 'skip')
+# Not a config value: `main --print_prompts` shows every row's prompt, also
+# rows a run refuses (their answers are not what it shows).
+KEEP_BAD_ROWS = 'keep'
 _DIGIT = re.compile(r'[0-9]')
 
 
@@ -264,7 +267,7 @@ def load_file(path, file_format='jsonl', prompt_column='question',
     raise FileNotFoundError(
         f'No {file_format} file at data.path={path!r}; check the path.'
     )
-  if bad_rows not in BAD_ROWS:
+  if bad_rows not in BAD_ROWS + (KEEP_BAD_ROWS,):
     raise ValueError(f'bad_rows={bad_rows!r} is not one of {BAD_ROWS}.')
   rows, where = readers[file_format](path)
   examples, skipped = [], 0
@@ -290,7 +293,7 @@ def load_file(path, file_format='jsonl', prompt_column='question',
           f'{path} {where[index]}: {problem}. Fix or remove the row, or set '
           "data.bad_rows='skip' to drop such rows (they are counted)."
       )
-    if problem:
+    if problem and bad_rows != KEEP_BAD_ROWS:
       skipped += 1
       continue
     if row.get('type') is not None:  # Grouped by evaluate --by_type.

@@ -18,6 +18,7 @@ import os
 import sys
 
 from agent_tunix import storage
+from agent_tunix.data import gsm8k
 from agent_tunix.data import pipeline
 from agent_tunix.models import families
 from agent_tunix.models import gemma
@@ -60,6 +61,21 @@ def load_tokenizer(model_cfg):
     return tokenizer_lib.load_sentencepiece(
         kagglehub.model_download(path, path='tokenizer.model'))
   return gemma.load_tokenizer(model_cfg)
+
+
+def every_row(config):
+  """`config` that shows the prompts also of data a run would refuse.
+
+  A question whose answer has no number cannot train on the math rewards,
+  so a run refuses (or skips) it; its prompt is still worth seeing. A file
+  with fewer prompts than a batch is refused by a run, not here: batches of
+  one give the same prompts in the same order (the shuffle is of the rows).
+  """
+  shown = config.copy_and_resolve_references()
+  with shown.unlocked():
+    shown.data.bad_rows = gsm8k.KEEP_BAD_ROWS
+    shown.training.batch_size = 1
+  return shown
 
 
 def _header(number, total, length, limit):
