@@ -1,11 +1,11 @@
 """The GRPO train loop: mesh -> models -> data -> restore -> steps.
 
 Each step: a batch of prompts -> one call into the rollout
-(`step_rollout.StepRollout`: G sampled completions each, rewards,
-advantages, the update batch staged on the mesh) -> num_iterations jitted
-LoRA updates -> then, each when it is time, evaluation, checkpoint, metrics
+(`step_rollout.StepRollout`: G sampled completions each, rewards, the
+update batch staged on the mesh) -> num_iterations jitted LoRA updates (each
+computes the advantages first, `rl/advantages.py`) -> then, each when it is time, evaluation, checkpoint, metrics
 and alarms. The math lives in rl/; this module only wires the pieces and
-keeps the books. It trusts its config: the commands validate it.
+keeps the books. It trusts its config: each command checks it first.
 
 Reproducibility: the sampling seed of step s is derived from
 (training.seed, s) (`step_rollout.step_seed`) and everything else that
@@ -115,7 +115,7 @@ class Session:
 
 
 def setup(config, workdir, with_data=True):
-  """Builds the session of a validated config (no training).
+  """Builds the session of a checked config (no training).
 
   Without `with_data` only the eval split is read (evaluate scores a test
   file with no train file beside it).
