@@ -43,7 +43,8 @@ def test_a_bad_data_row_is_one_line_naming_file_and_line(tmp_path):
                   '{"question": "How many?", "answer": "seven"}\n')
   out = _main(f'--workdir={tmp_path / "run"}', '--config.data.source=jsonl',
               f'--config.data.path={data}')
-  assert out.returncode == 1
+  # The data are opened before any weight: a usage error, exit 2.
+  assert out.returncode == 2
   assert 'Traceback' not in out.stderr, out.stderr[-3000:]
   last = out.stderr.strip().splitlines()[-1]
   assert last.startswith(f'error: {data} line 2: ') and 'bad_rows' in last

@@ -188,6 +188,7 @@ def compile_decode_loop(loop, cpu_decode_graph):
   if not cpu_decode_graph:
     return jax.jit(loop, donate_argnums=(1,))
 
+  @functools.wraps(loop)  # Compiled under the loop's own name.
   def decode_with_cpu_sampling(*args):
     with decode.cpu_sampling():
       return loop(*args)
