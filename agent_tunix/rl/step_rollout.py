@@ -10,19 +10,20 @@ One call samples G completions per prompt (`rollout.Rollout`, or with
 tools or an environment `episodes.EpisodeRollout`), scores them with the
 reward set (which owns the run's judge), masks what the loss must not see
 and returns a `RolloutBatch`: the host update batch (rewards; the update
-computes the advantages, `grpo.prepare`), its sequences staged on the mesh (`staging`), the
-step's scalars and its sample texts. The log-prob passes need no reward:
-they are dispatched before scoring, so they run on the devices while the
-host scores. With grpo.dynamic_sampling the call samples further batches
+computes the advantages, `grpo.prepare`), its sequences staged on the mesh
+(`staging`), the step's scalars and its sample texts. The log-prob passes
+need no reward: they are dispatched before scoring, so they run on the
+devices while the host scores. With grpo.dynamic_sampling the call samples further batches
 from `more_prompts` until enough groups have a reward spread
 (dynamic_sampling.py).
 
 Several processes: the prompt rows are gathered so that every process
 holds the whole batch, in the order one process would have read it; the
 sampler runs once over the mesh and every process decodes and scores only
-its own rows. Groups never straddle processes; step scalars are means over every process's rows. With dynamic
-sampling every process keeps every sampled row and gathers every
-process's rewards, so all take the same decision to draw more prompts.
+its own rows. Groups never straddle processes; step scalars are means over
+every process's rows. With dynamic sampling every process keeps every
+sampled row and gathers every process's rewards, so all take the same
+decision to draw more prompts.
 """
 
 import dataclasses
@@ -210,12 +211,13 @@ class StepRollout:
     gen = self.config.generation
     g = self.config.grpo.num_generations
     prompt_tokens = sharding.gather_rows(batch['prompt_tokens'])
-    own = sharding.own_rows(len(prompt_tokens), g)
-    out = self.sampler.generate(
+    local_rows = sharding.own_rows(len(prompt_tokens), g)
+    sampled = self.sampler.generate(
         prompt_tokens, gen.max_generation_steps, seed, gen.temperature,
-        gen.top_k, gen.top_p, rows=None if every_row else own,
+        gen.top_k, gen.top_p, rows=None if every_row else local_rows,
         num_generations=g, **self.row_kind.generate_args(batch))
-    return prompt_tokens, out, (out.subset(own) if every_row else out)
+    return prompt_tokens, sampled, (sampled.subset(local_rows) if every_row
+                                    else sampled)
 
   def _score(self, rows, completions):
     """(total, per_fn, samples) of this process's `completions` of the
@@ -245,21 +247,21 @@ class StepRollout:
     config = self.config
     g = config.grpo.num_generations
     rows = rollout_lib.repeat_groups(batch, g)
-    _, out, _ = self._sample(batch, step_seed(config.training.seed, step),
+    _, sampled, _ = self._sample(batch, step_seed(config.training.seed, step),
                              every_row=False)
     sequences = grpo.Sequences(
-        tokens=np.concatenate([rows['prompt_tokens'], out.tokens], axis=1),
+        tokens=np.concatenate([rows['prompt_tokens'], sampled.tokens], axis=1),
         input_mask=np.concatenate(
-            [rows['prompt_mask'], out.attended > 0], axis=1),
-        completion_mask=self.row_kind.trained(out).mask,
+            [rows['prompt_mask'], sampled.attended > 0], axis=1),
+        completion_mask=self.row_kind.trained(sampled).mask,
         # The update logs sampler/logp_abs_diff from these.
-        sampler_logps=out.logps,
+        sampler_logps=sampled.logps,
     )
     staged = self.stage(sequences)  # Runs while the host scores.
-    total, per_fn, samples = self._score(rows, out)
+    total, per_fn, samples = self._score(rows, sampled)
     scalars, means, gen_tokens = _row_scalars(sharding.allgather_concat(
-        _reward_rows(total, per_fn, out.lengths, out.truncated)), g)
-    scalars.update(self.row_kind.scalars([out], gathered=False))
+        _reward_rows(total, per_fn, sampled.lengths, sampled.truncated)), g)
+    scalars.update(self.row_kind.scalars([sampled], gathered=False))
     update = grpo.update_batch(config, sequences, total, kl_coeff)
     return RolloutBatch(update, staged, scalars, means, samples, gen_tokens)
 
@@ -269,11 +271,11 @@ class StepRollout:
     config = self.config
     g = config.grpo.num_generations
     prompt_mask = sharding.gather_rows(batch['prompt_mask'])
-    prompt_tokens, out, own = self._sample(
+    prompt_tokens, sampled, local = self._sample(
         batch, step_seed(config.training.seed, step, sampling_round),
         every_row=True)
     total, per_fn, samples = self._score(
-        rollout_lib.repeat_groups(batch, g), own)
+        rollout_lib.repeat_groups(batch, g), local)
     names = list(per_fn)
     local = np.stack([total] + [per_fn[k] for k in names], axis=-1)
     every = sharding.gather_rows(
@@ -281,7 +283,7 @@ class StepRollout:
     return dynamic_sampling.Round(
         prompt_tokens=prompt_tokens,
         prompt_mask=prompt_mask,
-        completions=self.row_kind.trained(out),
+        completions=self.row_kind.trained(sampled),
         group_rewards=every[..., 0],
         per_fn={k: every[..., i + 1].reshape(-1) for i, k in enumerate(names)},
         samples=samples,
