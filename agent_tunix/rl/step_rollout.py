@@ -13,9 +13,9 @@ and returns a `RolloutBatch`: the host update batch (rewards; the update
 computes the advantages, `grpo.prepare`), its sequences staged on the mesh
 (`staging`), the step's scalars and its sample texts. The log-prob passes
 need no reward: they are dispatched before scoring, so they run on the
-devices while the host scores. With grpo.dynamic_sampling the call samples further batches
-from `more_prompts` until enough groups have a reward spread
-(dynamic_sampling.py).
+devices while the host scores. With grpo.dynamic_sampling the call samples
+further batches from `more_prompts` until enough groups have a reward
+spread (dynamic_sampling.py).
 
 Several processes: the prompt rows are gathered so that every process
 holds the whole batch, in the order one process would have read it; the
