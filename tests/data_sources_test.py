@@ -353,3 +353,20 @@ def test_main_print_prompts_shows_rows_a_run_refuses(tmp_path):
                  f'--workdir={tmp_path / "w"}')
   assert refused.returncode == 2, refused.stderr[-3000:]
   assert "'Lima' has no number" in refused.stderr
+
+
+def test_every_row_shows_a_single_file_too_small_to_hold_out(tmp_path):
+  path = tmp_path / 'geo.jsonl'
+  _write_jsonl(path, [{'question': 'Which ocean is the largest?',
+                       'answer': 'the Pacific, 1'},
+                      {'question': 'Which planet is red?',
+                       'answer': 'Mars, 4'}])
+  config = _config(source='jsonl', path=str(path))
+  config.data.num_eval_examples = 256
+  with pytest.raises(ValueError, match='has 2 rows; to hold out'):
+    pipeline.load_examples(config, 'train')
+  out = io.StringIO()
+  preview.print_prompts(preview.every_row(config), 2, out=out,
+                        tokenizer=WordTokenizer())
+  assert out.getvalue().count('--- train prompt ') == 2
+  assert 'largest?' in out.getvalue() and 'planet is red' in out.getvalue()

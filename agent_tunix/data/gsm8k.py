@@ -214,7 +214,8 @@ def read_parquet(path):
 
 BAD_ROWS = ('error', 'skip')
 # Not a config value: `main --print_prompts` shows every row's prompt, also
-# rows a run refuses (their answers are not what it shows).
+# rows a run refuses (their answers are not what it shows), and every row of
+# a single file too small for its held-out rows (pipeline._load_local).
 KEEP_BAD_ROWS = 'keep'
 _DIGIT = re.compile(r'[0-9]')
 

@@ -70,6 +70,8 @@ def every_row(config):
   so a run refuses (or skips) it; its prompt is still worth seeing. A file
   with fewer prompts than a batch is refused by a run, not here: batches of
   one give the same prompts in the same order (the shuffle is of the rows).
+  A single file too small to hold out data.num_eval_examples rows shows
+  every row.
   """
   shown = config.copy_and_resolve_references()
   with shown.unlocked():
