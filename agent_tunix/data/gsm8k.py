@@ -23,6 +23,11 @@ from absl import logging
 from agent_tunix import storage
 
 
+class HubUnreachable(RuntimeError):
+  """openai/gsm8k could not be read from the Hub (no network or no cache):
+  a property of this machine, not of the config."""
+
+
 class DataError(ValueError):
   """A data file or row that cannot be used; the message names it and the fix."""
 
@@ -152,7 +157,8 @@ def load_hf(split, limit=0, path=''):
   Raises:
     FileNotFoundError: `path` holds no parquet files of the split.
     DataError: the files have no question or answer column.
-    RuntimeError: if the dataset cannot be loaded (e.g. no network).
+    RuntimeError: if the dataset cannot be loaded; HubUnreachable (a
+      RuntimeError) when it is read from the Hub (`path` empty).
   """
   hf_split = _gsm8k_split(split)
   import datasets  # pylint: disable=g-import-not-at-top
@@ -170,7 +176,7 @@ def load_hf(split, limit=0, path=''):
   except FileNotFoundError:
     raise
   except Exception as e:  # Hub, network and cache errors vary by version.
-    raise RuntimeError(
+    raise (RuntimeError if path else HubUnreachable)(
         f'Could not load GSM8K from Hugging Face ({where}, split='
         f'{selected!r}): {e}. ' + _OFFLINE_HINT
     ) from e

@@ -30,6 +30,11 @@ class DataUnavailable(gsm8k.DataError):
   fix."""
 
 
+class HubUnreachable(DataUnavailable):
+  """The data is read from the Hub and this machine cannot reach it: the
+  machine's state, not the config's (the preflight only warns)."""
+
+
 def _reads_files(config):
   names = [n for n, _ in pipeline.parse_source(config.data.source)]
   return any(n not in _GENERATED for n in names)
@@ -57,6 +62,8 @@ def check(config, splits=pipeline.SPLITS):
       few_shot.examples(config)
   except DataUnavailable:
     raise
+  except gsm8k.HubUnreachable as e:
+    raise HubUnreachable(str(e)) from e
   except _FAILURES as e:
     raise DataUnavailable(str(e)) from e
 
