@@ -12,11 +12,14 @@ file only; importing it checks that the installed tunix is a tested one and
 refuses another with one line that names it and the fix.
 """
 
+import contextlib
 import importlib.metadata
 from typing import Any
 
+import jax
 from tunix.generate import sampler as sampler_lib
 from tunix.models.gemma4 import moe as moe_lib
+from tunix.utils import sharding_utils
 
 # The distribution (the PyPI name `tunix` is an unrelated placeholder).
 DISTRIBUTION = 'google-tunix'
@@ -57,6 +60,40 @@ def check_version(installed: str | None = None) -> str:
 VERSION = check_version()
 
 # pylint: disable=protected-access
+
+# ------------------------------------------------- activation sharding
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh):
+  """tunix's activation sharding constraints, applied on `mesh` meanwhile.
+
+  tunix's models constrain their activations (`sharding_utils.shard`: rows
+  over 'fsdp', features over 'tp') only inside a legacy `with mesh:` block
+  and never when the process's first device is a CPU, so a program traced
+  without one (the trainer's, and every program the preflight compiles
+  for a TPU from a CPU process) had none, and XLA laid the activations out
+  after the weights: with FSDP, the model dimension split over the chips
+  and every row of a micro-batch on every chip. While this is active the
+  constraints apply on `mesh` whatever the process's devices; axes the
+  mesh lacks are dropped. Programs traced meanwhile keep them.
+  """
+  original = sharding_utils.shard
+  names = set(mesh.axis_names)
+
+  def shard(x, spec, eager=False):
+    del eager  # Only traced values pass through here.
+    spec = jax.sharding.PartitionSpec(
+        *(axis if axis in names else None for axis in spec))
+    return jax.lax.with_sharding_constraint(
+        x, jax.sharding.NamedSharding(mesh, spec))
+
+  sharding_utils.shard = shard
+  try:
+    yield
+  finally:
+    sharding_utils.shard = original
+
 
 # ------------------------------------------------------------ the sampler
 

@@ -57,6 +57,7 @@ The reference policy is the base model: LoRA switched off on the same
 weights (`logprobs.final_hidden_states`).
 """
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -68,10 +69,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from agent_tunix.models import tunix_adapter
 from agent_tunix.rl import advantages as advantages_lib
 from agent_tunix.rl import logprobs
 from agent_tunix.rl import losses
 from agent_tunix.rl import remat
+from agent_tunix.tpu import sharding
 
 # Metric: mean |sampler log-prob - trainer log-prob| over completion tokens.
 SAMPLER_GAP = 'sampler/logp_abs_diff'
@@ -515,12 +518,39 @@ class GraphJit:
     for known, jitted in self._entries:
       if known == graphdefs:
         return jitted
-    jitted = jax.jit(
+    jitted = _ShardedActivations(jax.jit(
         functools.partial(self._fn, graphdefs),
         static_argnames=self._static_argnames,
-    )
+    ))
     self._entries.append((graphdefs, jitted))
     return jitted
+
+
+class _ShardedActivations:
+  """A jitted function traced with the model's activation sharding
+  (`tunix_adapter.activation_sharding`) on the mesh of its arguments.
+
+  Without it XLA picks the update's and log-prob passes' activation layout
+  from the FSDP weights' and moves several times the bytes (the preflight's
+  breakdown shows it). A call on one device, or off a mesh, is unchanged.
+  """
+
+  def __init__(self, jitted):
+    self._jitted = jitted
+
+  def _context(self, args):
+    mesh = sharding.mesh_of(args)
+    if mesh is None or mesh.size == 1:
+      return contextlib.nullcontext()
+    return tunix_adapter.activation_sharding(mesh)
+
+  def __call__(self, *args, **kwargs):
+    with self._context(args):
+      return self._jitted(*args, **kwargs)
+
+  def lower(self, *args, **kwargs):
+    with self._context(args):
+      return self._jitted.lower(*args, **kwargs)
 
 
 def train_step(

@@ -133,6 +133,14 @@ def batch_sharding(mesh, ndim=1, rows=None):
   return jax.sharding.NamedSharding(mesh, spec)
 
 
+def vocab_sharding(mesh, shape):
+  """[V, D] split along V over every mesh axis, or None when the mesh is
+  one device or the axes do not divide V."""
+  if mesh is None or mesh.devices.size == 1 or shape[0] % mesh.devices.size:
+    return None
+  return jax.sharding.NamedSharding(mesh, P(tuple(mesh.axis_names), None))
+
+
 def kv_cache_sharding(mesh, shape, heads_spec=('fsdp', None, 'tp', None)):
   """Sharding of a [B, S, K, H] KV cache array.
 
@@ -281,7 +289,13 @@ def allgather_concat(tree):
 
 def model_mesh(model):
   """The mesh the model's parameters live on, or None if not on a mesh."""
-  for leaf in jax.tree.leaves(nnx.state(model)):
+  return mesh_of(nnx.state(model))
+
+
+def mesh_of(tree):
+  """The mesh of the first array (or ShapeDtypeStruct) of `tree` placed
+  with a NamedSharding, or None."""
+  for leaf in jax.tree.leaves(tree):
     sharding = getattr(leaf, 'sharding', None)
     if isinstance(sharding, jax.sharding.NamedSharding):
       return sharding.mesh
