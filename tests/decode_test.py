@@ -146,6 +146,31 @@ def test_cpu_graph_computes_what_tunix_computes(layers, heads, kv_heads):
   np.testing.assert_allclose(got_logits, want_logits, rtol=0, atol=1e-5 * scale)
 
 
+@pytest.mark.parametrize('layers, heads, kv_heads', [(6, 2, 1), (2, 2, 2)])
+def test_step_attention_graph_computes_what_tunix_computes(layers, heads,
+                                                           kv_heads):
+  # The TPU/GPU sampler's graph: tunix's, with DecodeStepAttention alone
+  # (in-place cache update; a local layer reads only its 16-column window
+  # of the 28-column cache).
+  model, tokenizer = _lora_model(layers, heads, kv_heads)
+  prompts = _prompts(3)
+  size = _PROMPT_LEN + _STEPS
+  assert decode.uses_step_attention(model)
+  with decode.step_attention_graph(model):
+    ours = sampler_lib.Sampler(model, tokenizer, _cache_config(model, size))
+  assert all(type(l.attn) is not decode.DecodeStepAttention
+             for l in model.layers)  # restored
+  graph = ours.transformer
+  assert all(type(l.attn) is decode.DecodeStepAttention for l in graph.layers)
+  assert type(graph.embedder) is not decode.ColumnDecodeEmbedder
+  tunix = sampler_lib.Sampler(model, tokenizer, _cache_config(model, size))
+  got_logits, got_tokens = _sample(ours, prompts, _STEPS)
+  want_logits, want_tokens = _sample(tunix, prompts, _STEPS)
+  np.testing.assert_array_equal(got_tokens, want_tokens)
+  scale = np.abs(want_logits).max()
+  np.testing.assert_allclose(got_logits, want_logits, rtol=0, atol=1e-5 * scale)
+
+
 def test_training_model_keeps_tunix_graph_and_shares_adapters():
   model, tokenizer = _lora_model()
   attn = model.layers[0].attn

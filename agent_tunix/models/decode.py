@@ -29,7 +29,11 @@ tunix's top-k / top-p sampling with an exact top-k (block_top_k) that XLA
 CPU runs two to six times as fast over the 262144-entry vocabulary (1 to 64
 rows); the same tokens for the same key.
 
-Used on CPU only; on TPU/GPU the sampler runs tunix's graph unchanged.
+The whole graph is used on CPU only. On a TPU or GPU the sampler runs
+tunix's graph with DecodeStepAttention alone (`step_attention_graph`): the
+compiled TPU decode step wrote every layer's whole KV cache back to HBM
+each step (it updated the cache in the chip's on-chip copy), and read all
+of a sliding-window layer's cache.
 """
 
 import contextlib
@@ -118,8 +122,24 @@ class DecodeStepAttention(gemma3_lib.Attention):
     batch, _, num_heads, head_dim = query.shape
     kv_heads = self.num_kv_heads
     groups = num_heads // kv_heads
+    full_size = keys.shape[1]
+    slot = cache['end_index'][0] % full_size  # Where this token's key goes.
+    cache_keys, cache_values, cache_slot = keys, values, slot
+    window = (self.sliding_window_size
+              if self.attn_type == gemma3_lib.AttentionType.LOCAL_SLIDING
+              else None)
+    if window and window < full_size:
+      # Only the window can be attended: read those columns alone (every
+      # row's current position is `slot`; the mask below is tunix's, cut
+      # the same way, so the columns left out were masked).
+      start = jnp.clip(slot - window + 1, 0, full_size - window)
+      keys = jax.lax.dynamic_slice_in_dim(keys, start, window, axis=1)
+      values = jax.lax.dynamic_slice_in_dim(values, start, window, axis=1)
+      full_mask = attn_mask
+      attn_mask = jax.lax.dynamic_slice_in_dim(attn_mask, start, window,
+                                               axis=2)
+      slot = slot - start
     size = keys.shape[1]
-    slot = cache['end_index'][0] % size  # Where this token's key goes.
     query = query.reshape(batch, kv_heads, groups, head_dim)
     # [B, K, S, G]: batch (B, K), keys contracted on their minor axis H.
     logits = jax.lax.dot_general(
@@ -129,7 +149,12 @@ class DecodeStepAttention(gemma3_lib.Attention):
     own = jnp.einsum('bkgh,bkh->bkg', query, key[:, 0])
     at_slot = jnp.arange(size) == slot
     logits = jnp.where(at_slot, own[..., None], logits)
-    if self.attn_type == gemma3_lib.AttentionType.LOCAL_SLIDING:
+    if window and window < full_size:
+      attn_mask = attn_mask * jax.lax.dynamic_slice_in_dim(
+          gemma3_lib.create_sliding_window_mask(
+              full_mask, sliding_window_size=window),
+          start, window, axis=2)
+    elif self.attn_type == gemma3_lib.AttentionType.LOCAL_SLIDING:
       attn_mask = attn_mask * gemma3_lib.create_sliding_window_mask(
           attn_mask, sliding_window_size=self.sliding_window_size
       )
@@ -146,10 +171,10 @@ class DecodeStepAttention(gemma3_lib.Attention):
     output = self.attn_vec_einsum(
         encoded.reshape(batch, 1, num_heads, head_dim)
     )
-    index = (0, slot, 0, 0)
+    index = (0, cache_slot, 0, 0)
     new_cache = {
-        'k': jax.lax.dynamic_update_slice(keys, key, index),
-        'v': jax.lax.dynamic_update_slice(values, value, index),
+        'k': jax.lax.dynamic_update_slice(cache_keys, key, index),
+        'v': jax.lax.dynamic_update_slice(cache_values, value, index),
         'end_index': cache['end_index'] + 1,
     }
     return new_cache, output
@@ -211,6 +236,32 @@ def uses_cpu_decode_graph(model, mesh_platform):
                  (gemma3_lib.Einsum, type(None))
                  for name in _ATTENTION_EINSUMS)
              for layer in getattr(model, 'layers', []))
+
+
+def uses_step_attention(model):
+  """True for a tunix Gemma 3 whose layers' attention is tunix's own."""
+  return all(type(layer.attn) is gemma3_lib.Attention
+             for layer in getattr(model, 'layers', [])) and bool(
+                 getattr(model, 'layers', None))
+
+
+@contextlib.contextmanager
+def step_attention_graph(model):
+  """Within the block, `model`'s attention is DecodeStepAttention.
+
+  The sampler's graph on a TPU or GPU: the KV cache updated in place (one
+  row written per step, not the whole cache copied back) and a sliding
+  window layer reading only its window of the cache. The weights and their
+  layout are the model's; only the classes change, restored after.
+  """
+  undo = [(layer.attn, type(layer.attn)) for layer in model.layers]
+  try:
+    for layer in model.layers:
+      layer.attn.__class__ = DecodeStepAttention
+    yield model
+  finally:
+    for module, cls in undo:
+      module.__class__ = cls
 
 
 @contextlib.contextmanager

@@ -31,7 +31,9 @@ leading tokens that all prompts of a batch share are prefilled once too
 CPU: the sampler is built from `models.decode`'s graph (same computation,
 without the KV cache and weight copies XLA CPU puts in every decode step of
 tunix's graph), and its decode loop is compiled with
-`decode.DECODE_COMPILER_OPTIONS`. The caller's model keeps tunix's graph.
+`decode.DECODE_COMPILER_OPTIONS`. TPU and GPU: tunix's graph with
+`models.decode`'s step attention (the KV cache updated in place, a sliding
+window read alone). The caller's model keeps tunix's graph.
 
 Sharding: the sampler runs as one program over the model's mesh. Prompt rows
 are split over the batch axes and the KV cache over rows and kv heads
@@ -197,13 +199,25 @@ def compile_decode_loop(loop, cpu_decode_graph):
                  compiler_options=decode.DECODE_COMPILER_OPTIONS)
 
 
+def _platform(model):
+  mesh = sharding.model_mesh(model)
+  return (mesh.devices.flat[0].platform if mesh is not None
+          else jax.default_backend())
+
+
+def _on_cpu(model):
+  return _platform(model) == 'cpu'
+
+
+def _on_cpu_mesh(mesh):
+  return mesh is None or mesh.devices.flat[0].platform == 'cpu'
+
+
 def uses_cpu_decode_graph(model):
   """True when the sampler should run models.decode's CPU graph: on CPU,
-  for a tunix Gemma 3 (not on TPU/GPU, where tunix's graph is used)."""
-  mesh = sharding.model_mesh(model)
-  platform = (mesh.devices.flat[0].platform if mesh is not None
-              else jax.default_backend())
-  return decode.uses_cpu_decode_graph(model, platform)
+  for a tunix Gemma 3 (on TPU/GPU the sampler runs tunix's graph with
+  `decode.step_attention_graph`)."""
+  return decode.uses_cpu_decode_graph(model, _platform(model))
 
 
 class Rollout:
@@ -247,8 +261,12 @@ class Rollout:
     # model keeps tunix's classes.
     self.cpu_decode_graph = bool(cpu_decode_graph and
                                  uses_cpu_decode_graph(model))
-    graph = (decode.cpu_decode_graph(model) if self.cpu_decode_graph
-             else contextlib.nullcontext())
+    if self.cpu_decode_graph:
+      graph = decode.cpu_decode_graph(model)
+    elif decode.uses_step_attention(model) and not _on_cpu(model):
+      graph = decode.step_attention_graph(model)
+    else:
+      graph = contextlib.nullcontext()
     with graph:
       self.sampler = sampler_lib.Sampler(model, tokenizer, cache_config)
     if self.cpu_decode_graph:
@@ -256,6 +274,9 @@ class Rollout:
       # models.decode's sampling.
       tunix_adapter.set_decode_fn(self.sampler, compile_decode_loop(
           tunix_adapter.decode_loop(self.sampler), cpu_decode_graph=True))
+    self._embedding = getattr(getattr(model, 'embedder', None),
+                              'input_embedding', None)
+    self._laid_out = None  # (embedding value, its sampling-layout Variable)
     self.end_ids = end_token_ids(tokenizer)
     # NumPy, not a jax array on one device: a constant in every program.
     self.sampler.eos_ids = np.array(self.end_ids, np.int32)
@@ -472,8 +493,34 @@ class Rollout:
 
   @property
   def params(self):
-    """The sampler's flattened model state (the programs' first argument)."""
-    return tunix_adapter.flattened_state(self.sampler)
+    """The sampler's flattened model state (the programs' first argument),
+    its embedding in the sampling layout (`sampling_layout`)."""
+    params = list(tunix_adapter.flattened_state(self.sampler))
+    for i, variable in enumerate(params):
+      if variable is self._embedding:
+        params[i] = self._sampling_embedding(variable)
+    return params
+
+  def _sampling_embedding(self, variable):
+    """The embedding's Variable with its rows (the vocabulary) split over
+    every mesh axis, re-laid out once per new value (it is frozen).
+
+    Trained, the [V, D] table is split along D over 'fsdp'; a decode step
+    then computed every row's partial logits over its share of D and
+    reduce-scattered [rows, V] (67 MB per step on the 1B at 128 rows).
+    Split along V, a chip reads its share of the table and writes its
+    share of the logits. None of this on one device or CPU.
+    """
+    value = variable.get_value()
+    spec = sharding.vocab_sharding(self.mesh, value.shape)
+    if spec is None or _on_cpu_mesh(self.mesh):
+      return variable
+    if isinstance(value, jax.ShapeDtypeStruct):  # The preflight's.
+      return variable.copy(jax.ShapeDtypeStruct(value.shape, value.dtype,
+                                                sharding=spec))
+    if self._laid_out is None or self._laid_out[0] is not value:
+      self._laid_out = (value, variable.copy(jax.device_put(value, spec)))
+    return self._laid_out[1]
 
   def _sharded_arrays(self, prompts, key, total_steps):
     """The per-row arrays of the initial state, with sharding constraints."""
