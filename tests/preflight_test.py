@@ -139,7 +139,7 @@ def test_tiny_programs_compile_for_one_host():
   assert set(programs) == {'rollout_prefill', 'rollout_decode',
                            'reference_logps', 'policy_logps', 'update'}
   for p in programs.values():
-    assert p['argument_bytes'] > 0 and p['temp_bytes'] > 0, p
+    assert p['argument_bytes'] > 0 and p['total_bytes'] > 0, p
     assert p['flops'] > 0 and p['bytes_accessed'] > 0, p
     assert p['fits'] and p['time_bound_s'] > 0
   assert programs['rollout_decode']['calls_per_step'] == 8
@@ -156,6 +156,25 @@ def test_tiny_programs_compile_for_one_host():
   expected_step = sum(p['time_bound_s'] * p['calls_per_step']
                       for p in programs.values())
   assert result['step_time_bound_s'] == pytest.approx(expected_step)
+  for p in programs.values():
+    # The floor for its layout, what it counts, and where the bytes went.
+    assert 0 < p['analytic_min_bytes'] and p['analytic_terms'], p['name']
+    assert p['breakdown']['categories'] and p['breakdown']['top']
+    assert p['compiler_bytes_accessed'] > 0
+  decode = programs['rollout_decode']
+  assert set(decode['analytic_terms']) == {'weights', 'kv_read',
+                                           'kv_written'}
+  assert decode['breakdown']['unknown_trip_loops']  # the decode loop
+  assert set(result['calibration']) == {'matmul', 'kv_row', 'stream'}
+  # tunix's own step, compiled for the same slice.
+  side = result['tunix']
+  names = {p['name'] for p in side['programs']}
+  assert names >= {'tunix_prefill', 'tunix_decode', 'tunix_train_step'}
+  assert ('tunix_reference_logps' in names) == (config.grpo.beta > 0)
+  assert side['step_time_bound_s'] == pytest.approx(sum(
+      p['time_bound_s'] * p['calls_per_step'] for p in side['programs']))
+  assert side['step_time_bound_s'] > 0 and not side['why_not']
+  assert 'rollout_decode:' in report.format_breakdown(result)
   json.dumps(result)  # The --output file.
   text = report.format_report(result)
   assert 'update' in text and 'FITS' in text
@@ -487,3 +506,24 @@ def test_moe_routing_cost_is_in_the_report():
   assert ('MoE: 3 layers, top 2 of 4 experts, exact top-k (jax.lax.top_k), '
           'dropless (ragged dot). Per token and layer') in text
   assert '4.17% of the routed experts' in text
+
+
+def test_activation_sharding_constrains_tunix_activations_meanwhile():
+  from tunix.utils import sharding_utils  # pylint: disable=g-import-not-at-top
+  from agent_tunix.models import tunix_adapter  # pylint: disable=g-import-not-at-top
+  chips = tpu_topology.devices(tpu_topology.parse('v5e:2x2'))
+  mesh = jax.sharding.Mesh(np.array(chips).reshape(4, 1), ('fsdp', 'tp'))
+  x = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+  original = sharding_utils.shard
+
+  def traced():
+    return jax.make_jaxpr(
+        lambda v: sharding_utils.shard(v, ('fsdp', 'other')))(x)
+
+  # Off: tunix drops the constraint on a CPU process without a mesh.
+  assert 'sharding_constraint' not in str(traced())
+  with tunix_adapter.activation_sharding(mesh):
+    text = str(traced())
+  assert 'sharding_constraint' in text and "'fsdp'" in text
+  assert 'other' not in text  # an axis the mesh lacks is dropped
+  assert sharding_utils.shard is original

@@ -54,15 +54,16 @@ def compile_isolated(config, topology, usable, programs=programs_lib.PROGRAMS,
     keep_going: go on after a program that does not fit or was killed.
 
   Returns:
-    ([Program], [names of programs skipped]), as `compile_programs`.
+    ([Program], [names of programs skipped], [tunix's Programs]).
   """
   todo = programs_lib.runs(config, programs)
-  done, skipped = [], []
+  done, skipped, tunix = [], [], []
   while todo:
-    compiled, more, killed = _compile_in_child(config, topology, usable, todo,
-                                               keep_going)
+    compiled, more, killed, theirs = _compile_in_child(
+        config, topology, usable, todo, keep_going)
     done += compiled
     skipped += more
+    tunix += theirs
     if killed is None:
       break
     done.append(killed)
@@ -74,7 +75,7 @@ def compile_isolated(config, topology, usable, programs=programs_lib.PROGRAMS,
     if not keep_going:
       skipped += todo
       break
-  return done, skipped
+  return done, skipped, tunix
 
 
 def _compile_in_child(config, topology, usable, programs, keep_going):
@@ -96,6 +97,7 @@ def _compile_in_child(config, topology, usable, programs, keep_going):
   except BrokenPipeError:
     pass  # It died first; its exit status tells.
   compiled, skipped, started, finished, error = [], [], None, False, ''
+  tunix = []
   with os.fdopen(read_fd, 'rb') as events:
     while True:
       try:
@@ -111,12 +113,14 @@ def _compile_in_child(config, topology, usable, programs, keep_going):
         skipped.append(args[0])
       elif kind == 'error':
         error = args[0]
+      elif kind == 'tunix':
+        tunix.extend(args[0])
       elif kind == 'done':
         finished = True
   _, status, usage = os.wait4(child.pid, 0)
   child.returncode = os.waitstatus_to_exitcode(status)
   if finished and child.returncode == 0:
-    return compiled, skipped, None
+    return compiled, skipped, None, tunix
   # ru_maxrss: kilobytes on Linux, bytes on macOS.
   peak = usage.ru_maxrss * (1 if sys.platform == 'darwin' else 1024)
   doing = f'compiling {started[0][0]}' if started else 'building the model'
@@ -140,7 +144,7 @@ def _compile_in_child(config, topology, usable, programs, keep_going):
                f'of host memory: the compiling process had reached '
                f'{compiler.gib(peak)} GiB of host RAM (peak resident)'),
         host_peak_bytes=peak)
-    return compiled, skipped, killed
+    return compiled, skipped, killed, tunix
   how = (f'died of signal {signal.Signals(-child.returncode).name}'
          if child.returncode < 0 else f'exited with status {child.returncode}')
   raise RuntimeError(

@@ -19,10 +19,12 @@ from ml_collections import config_flags
 from agent_tunix import cli
 from agent_tunix.config import validation
 from agent_tunix.data import opening
+from agent_tunix.preflight import calibration
 from agent_tunix.preflight import child
 from agent_tunix.preflight import programs as programs_lib
 from agent_tunix.preflight import report as report_lib
 from agent_tunix.preflight import resident
+from agent_tunix.preflight import tunix_programs
 from agent_tunix.tpu import sharding
 from agent_tunix.tpu import topology as tpu_topology
 
@@ -57,7 +59,8 @@ def run(config, topology, programs=programs_lib.PROGRAMS, keep_going=False):
 
   Raises:
     resident.ResidentOverflow: the weights alone overflow a chip.
-    opening.DataUnavailable: the run's data cannot be opened.
+    opening.DataUnavailable: the run's data cannot be opened (a Hub this
+      machine cannot reach is a warning on stderr).
   """
   spec, devices = prepare(config, topology)
   mesh = sharding.make_mesh(config.mesh, devices=devices)
@@ -72,23 +75,34 @@ def run(config, topology, programs=programs_lib.PROGRAMS, keep_going=False):
   resident.check_resident(config, mesh, spec, usable)
   # The pod reads this data: opened before any compile (after the HBM
   # arithmetic, so a run too big to fit is told so without a download).
-  opening.check(config)
-  compiled, skipped = child.compile_isolated(config, topology, usable,
-                                             programs, keep_going)
+  # A Hub this machine cannot reach is only a warning: the pod reads it.
+  try:
+    opening.check(config)
+  except opening.HubUnreachable as e:
+    sys.stderr.write(f'preflight: warning: data not checked here: {e}\n')
+  compiled, skipped, theirs = child.compile_isolated(
+      config, topology, usable, programs, keep_going)
+  per_chip = max(1, len(devices) // spec.num_chips)
+  tunix = None
+  if 'tunix' in programs:
+    tunix = tunix_programs.section(theirs, spec.chip, usable, per_chip,
+                                   tunix_programs.why_not(config))
   return report_lib.report(
-      config, spec, compiled, usable=usable,
-      devices_per_chip=max(1, len(devices) // spec.num_chips),
-      skipped=skipped)
+      config, spec, [p for p in compiled if p.name != 'tunix'],
+      usable=usable, devices_per_chip=per_chip, skipped=skipped,
+      calibration=calibration.calibrate(devices[0]), tunix=tunix)
 
 
 # Flag holders, set by define_flags() only when the preflight is the program
 # (__main__.py): the bench imports this module and defines its own --config.
 _CONFIG = _TOPOLOGY = _OUTPUT = _KEEP_GOING = _SUMMARIZE = _PROGRAMS = None
+_BREAKDOWN = None
 
 
 def define_flags():
   """Defines the command-line flags (see the module docstring)."""
   global _CONFIG, _TOPOLOGY, _OUTPUT, _KEEP_GOING, _SUMMARIZE, _PROGRAMS
+  global _BREAKDOWN
   _CONFIG = config_flags.DEFINE_config_file(
       'config', None, 'Config file (a get_config() module).', lock_config=True
   )
@@ -113,7 +127,14 @@ def define_flags():
   )
   _PROGRAMS = flags.DEFINE_list(
       'programs', list(programs_lib.PROGRAMS),
-      'Programs to compile (those the config does not run are skipped).'
+      'Programs to compile (those the config does not run are skipped; '
+      "'tunix' is tunix's own step, compiled alike)."
+  )
+  _BREAKDOWN = flags.DEFINE_bool(
+      'breakdown', False,
+      'Also print where each program\'s bytes and flops go (by cause and '
+      'the top instructions) and the count\'s calibration; the JSON '
+      'always has them.'
   )
 
 
@@ -150,6 +171,8 @@ def main(argv):
   except opening.DataUnavailable as e:
     cli.usage_exit(e)
   sys.stdout.write(report_lib.format_report(result) + '\n')
+  if _BREAKDOWN.value:
+    sys.stdout.write(report_lib.format_breakdown(result) + '\n')
   if _OUTPUT.value:
     with open(_OUTPUT.value, 'w') as f:
       json.dump(result, f, indent=2)

@@ -2,7 +2,8 @@
 
 `Compiler` compiles the programs in turn, stopping at the first that does
 not fit, and keeps a `Program` (or a `Killed`) per program with the TPU
-compiler's memory and cost figures. Imports tpu/ only.
+compiler's memory figures and the flops and HBM bytes of its optimized HLO
+(`hlo_cost`). Imports tpu/ and hlo_cost only.
 """
 
 import dataclasses
@@ -15,6 +16,7 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
+from agent_tunix.preflight import hlo_cost
 from agent_tunix.tpu import topology as tpu_topology
 
 # The TPU compiler's refusal of a program larger than the HBM, in the two
@@ -56,13 +58,20 @@ class Program:
   # the bytes it said the program needs.
   error: str = ''
   required_bytes: int = 0
-  # XLA's cost analysis counts a loop body once; flops and bytes_accessed
-  # are its figures times this (the micro-batches of the log-prob passes
-  # and the update).
-  loop_trips: int = 1
   # The trainer's function compiled, e.g. 'rollout.Rollout.decode_fn' or,
   # with episodes, 'episodes.EpisodeRollout.decode_fn'.
   function: str = ''
+  # XLA's own cost_analysis() figures, which count a loop body once and
+  # every byte in the chip's on-chip memory too; flops and bytes_accessed
+  # above are the HLO count's (`hlo_cost`): HBM bytes, loops with trips.
+  compiler_flops: float = 0.0
+  compiler_bytes_accessed: float = 0.0
+  # The least HBM traffic of one call for its layout (`analytic`), and
+  # what it counts.
+  analytic_min_bytes: float = 0.0
+  analytic_terms: dict = dataclasses.field(default_factory=dict)
+  # Where the flops and bytes go (`hlo_cost.Count.breakdown`).
+  breakdown: dict = dataclasses.field(default_factory=dict)
 
   @property
   def total_bytes(self):
@@ -144,7 +153,7 @@ class Compiler:
         p.error or p.total_bytes > self.usable for p in self.programs)
 
   def __call__(self, name, fn, args, kwargs, calls_per_step, resident_bytes,
-               loop_trips=1, function=''):
+               open_loop_trips=1, function='', analytic=None):
     """Compiles `fn(*args, **kwargs)`; returns its sharded outputs or None.
 
     Args:
@@ -154,9 +163,12 @@ class Compiler:
       kwargs: its static keyword arguments.
       calls_per_step: calls per training step.
       resident_bytes: per-device bytes of live state outside its arguments.
-      loop_trips: trips of the loop that holds nearly all of the program's
-        work (the micro-batches); XLA's cost counts its body once.
+      open_loop_trips: trips of a loop whose trip count the compiler does
+        not know, which calls_per_step counts (the decode loop: one call
+        per generated token); the figures are then per trip, the work
+        outside the loop shared among the trips.
       function: the trainer's function `fn` is, for the report.
+      analytic: (min bytes, {term: bytes}) of one call, or None.
 
     Returns:
       The outputs as ShapeDtypeStructs, or None when not compiled.
@@ -191,6 +203,8 @@ class Compiler:
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+    count = hlo_cost.count(compiled.as_text(), open_loop_trips)
+    min_bytes, terms = analytic or (0.0, {})
     program = Program(
         name=name,
         calls_per_step=calls_per_step,
@@ -200,11 +214,15 @@ class Compiler:
         temp_bytes=int(memory.temp_size_in_bytes),
         code_bytes=int(memory.generated_code_size_in_bytes),
         resident_bytes=int(resident_bytes),
-        flops=float(cost.get('flops', 0.0)) * loop_trips,
-        bytes_accessed=float(cost.get('bytes accessed', 0.0)) * loop_trips,
+        flops=count.flops / open_loop_trips,
+        bytes_accessed=count.bytes / open_loop_trips,
         compile_s=seconds,
-        loop_trips=loop_trips,
         function=function,
+        compiler_flops=float(cost.get('flops', 0.0)),
+        compiler_bytes_accessed=float(cost.get('bytes accessed', 0.0)),
+        analytic_min_bytes=float(min_bytes),
+        analytic_terms=dict(terms),
+        breakdown=count.breakdown(),
     )
     logging.info('Compiled %s in %.1f s: %s GiB per device', name, seconds,
                  gib(program.total_bytes))

@@ -14,15 +14,17 @@ import jax.numpy as jnp
 
 from agent_tunix.judge import gemma_backend
 from agent_tunix.preflight import abstract
+from agent_tunix.preflight import analytic
 from agent_tunix.preflight import compiler as compiler_lib
 from agent_tunix.preflight import standins
+from agent_tunix.preflight import tunix_programs
 from agent_tunix.rl import episodes
 from agent_tunix.rl import grpo
 from agent_tunix.rl import rollout as rollout_lib
 from agent_tunix.tpu import sharding
 
 PROGRAMS = ('rollout_prefill', 'rollout_decode', 'reference_logps',
-            'policy_logps', 'update', 'judge')
+            'policy_logps', 'update', 'judge', 'tunix')
 # Rubric items per row the judge program's calls per step assume.
 JUDGE_ITEMS_PER_ROW = 8
 # Tokens of a judge prompt besides the question and the response: the
@@ -34,7 +36,7 @@ EPISODE_DECODE = 'episodes.EpisodeRollout.decode_fn'
 
 
 def _compile_rollout(config, mesh, sampler, episode, compiler, programs,
-                     opt_bytes):
+                     opt_bytes, windows):
   """Compiles the prefill and the decode loop (`episode`'s when not None)."""
   g, gen = config.grpo, config.generation
   prompts = config.training.batch_size
@@ -55,20 +57,31 @@ def _compile_rollout(config, mesh, sampler, episode, compiler, programs,
   )
   arrays = compiler_lib.sharded_outputs(init_lowered, init_lowered.compile())
   state = template.replace(**arrays)
+  weights = compiler_lib.per_chip_bytes(sampler.params)
+  # The cache of the N x G rows the prefill returns.
+  kv_bytes = (compiler_lib.per_chip_bytes(state.cache)
+              * g.num_generations)
   state = compiler(
       'rollout_prefill', sampler.prefill_fn, (sampler.params, state),
       {'num_generations': g.num_generations}, 1, opt_bytes,
       function='rollout.Rollout.prefill_fn',
+      analytic=analytic.prefill(weights, kv_bytes, total, prompt_len),
   )
   if 'rollout_decode' not in programs:
     return
   if state is None:
     compiler.skip('rollout_decode')
-  elif episode is None:
+    return
+  steps = gen.max_generation_steps
+  step_floor = analytic.decode_step(
+      weights, compiler_lib.per_chip_bytes(state.cache),
+      windows, total,
+      prompt_len, steps)
+  if episode is None:
     compiler(
         'rollout_decode', sampler.decode_fn, (sampler.params, state), {},
-        gen.max_generation_steps, opt_bytes,
-        function='rollout.Rollout.decode_fn',
+        steps, opt_bytes, open_loop_trips=steps,
+        function='rollout.Rollout.decode_fn', analytic=step_floor,
     )
   else:
     # Every column, inserted or sampled, is one step of the loop.
@@ -76,8 +89,9 @@ def _compile_rollout(config, mesh, sampler, episode, compiler, programs,
         mesh, prompts * g.num_generations, total)
     compiler(
         'rollout_decode', episode.decode_fn,
-        (sampler.params, state, *inputs), {}, gen.max_generation_steps,
-        opt_bytes, function=EPISODE_DECODE,
+        (sampler.params, state, *inputs), {}, steps, opt_bytes,
+        open_loop_trips=steps, function=EPISODE_DECODE,
+        analytic=step_floor,
     )
 
 
@@ -128,7 +142,7 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
     episode = episodes.from_config(config, sampler) if multi_turn else None
     try:
       _compile_rollout(config, mesh, sampler, episode, compiler, programs,
-                       opt_bytes)
+                       opt_bytes, analytic.attention_windows(model))
     finally:
       if episode is not None:
         episode.close()
@@ -136,28 +150,47 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
   batch = abstract.update_batch(config, mesh)
   logps_fn, model_state = grpo.logps_program(model)
   logps_batch = grpo.logps_inputs(batch)
+  graphdefs, (lora, frozen, opt_state) = grpo.train_step_inputs(
+      model, optimizer)
+  weights = compiler_lib.per_chip_bytes(frozen)
+  logps_floor = analytic.logps(weights, micro_batches)
   if 'reference_logps' in programs and hp.needs_reference:
     compiler('reference_logps', logps_fn, (model_state, logps_batch),
-             {'hp': hp, 'use_lora': False}, 1, opt_bytes, micro_batches,
-             function='grpo.logps_program')
+             {'hp': hp, 'use_lora': False}, 1, opt_bytes,
+             function='grpo.logps_program', analytic=logps_floor)
   if 'policy_logps' in programs:
     # Once per step with num_iterations > 1; otherwise only before saves.
     every = config.checkpoint.save_interval_steps
     calls = 1 if g.num_iterations > 1 else (1 / every if every else 0)
     compiler('policy_logps', logps_fn, (model_state, logps_batch),
-             {'hp': hp, 'use_lora': True}, calls, opt_bytes, micro_batches,
-             function='grpo.logps_program')
+             {'hp': hp, 'use_lora': True}, calls, opt_bytes,
+             function='grpo.logps_program', analytic=logps_floor)
   if 'update' in programs:
-    graphdefs, arrays = grpo.train_step_inputs(model, optimizer)
-    compiler('update', grpo.TRAIN_STEP(graphdefs), (*arrays, batch),
-             {'hp': hp}, g.num_iterations, 0, micro_batches,
-             function='grpo.TRAIN_STEP')
+    # remat keeps each layer's input: tokens of a micro-batch on a chip x
+    # the model width, per layer.
+    tokens = compiler_lib.per_chip_bytes(batch.tokens) / 4 / micro_batches
+    saved = (tokens * model.config.embed_dim * model.config.num_layers
+             * jnp.dtype(config.model.dtype).itemsize)
+    compiler('update', grpo.TRAIN_STEP(graphdefs),
+             (lora, frozen, opt_state, batch), {'hp': hp},
+             g.num_iterations, 0, function='grpo.TRAIN_STEP',
+             analytic=analytic.update(
+                 weights,
+                 compiler_lib.per_chip_bytes((lora, opt_state)),
+                 micro_batches, config.model.remat, saved))
   if 'judge' in programs and abstract.uses_gemma_judge(config):
     if judge is None:
       _compile_judge(config, mesh, model, compiler, opt_bytes)
     else:  # The policy's weights are resident while the judge runs.
       _compile_judge(config, mesh, judge, compiler, opt_bytes - judge_bytes
                      + compiler_lib.per_chip_bytes(nnx.state(model)))
+  if 'tunix' in programs and not tunix_programs.why_not(config):
+    if compiler.stopped:
+      compiler.skip('tunix')
+    else:  # tunix's own step for the same slice and shapes.
+      compiler.listener('start', 'tunix', 1, 0, 0, 'tunix_programs')
+      compiler.listener('tunix', tunix_programs.compile_all(
+          config, mesh, model, optimizer, usable, opt_bytes))
   results = [p for p in compiler.programs if p.name in programs]
   return results, compiler.skipped
 
@@ -188,4 +221,5 @@ def runs(config, programs=PROGRAMS):
   hp = grpo.hparams_from_config(config)
   return [p for p in PROGRAMS if p in programs and
           (p != 'reference_logps' or hp.needs_reference) and
-          (p != 'judge' or abstract.uses_gemma_judge(config))]
+          (p != 'judge' or abstract.uses_gemma_judge(config)) and
+          (p != 'tunix' or not tunix_programs.why_not(config))]

@@ -55,7 +55,7 @@ def fixes(config, program, spec):
 
 
 def report(config, spec, programs, usable, devices_per_chip=1,
-           skipped=()):
+           skipped=(), calibration=None, tunix=None):
   """The JSON-able report of a preflight.
 
   Args:
@@ -68,6 +68,8 @@ def report(config, spec, programs, usable, devices_per_chip=1,
       one per TensorCore): each gets its share of the chip's compute and
       bandwidth.
     skipped: programs not compiled because an earlier one did not fit.
+    calibration: `calibration.calibrate`'s cases, or None.
+    tunix: the `tunix` section (`tunix_programs.section`), or None.
 
   Returns:
     A dict of plain values (docs/preflight.md).
@@ -85,6 +87,8 @@ def report(config, spec, programs, usable, devices_per_chip=1,
         fits=fits,
         bytes_over=max(0, p.total_bytes - usable),
         time_bound_s=bound,
+        min_ratio=(p.bytes_accessed / p.analytic_min_bytes
+                   if p.analytic_min_bytes else None),
         fixes=([] if fits else host_fixes(p) if getattr(p, 'killed', False)
                else fixes(config, p, spec)),
     )
@@ -126,19 +130,21 @@ def report(config, spec, programs, usable, devices_per_chip=1,
       'largest_total_bytes': max(r['total_bytes'] for r in rows),
       'fits': all(r['fits'] for r in rows) and not skipped,
       'step_time_bound_s': step_s,
+      'calibration': calibration or {},
+      'tunix': tunix or {},
       'notes': (
-          'Memory figures are the TPU compiler\'s (per chip). Time figures '
-          'are lower bounds: max(flops / peak bf16 FLOP/s, bytes accessed / '
-          'HBM bandwidth) per call with the published chip figures. XLA '
-          'counts a loop body once: the decode loop\'s figures are one '
-          'step\'s; the update\'s and log-prob passes\' are one '
-          'micro-batch\'s times the number of micro-batches (loop_trips), '
-          'and the log-prob chunks inside are still counted once, so the '
-          'bounds stay below the work done. The step bound sums prefill + '
-          'max_generation_steps decode steps + log-prob passes + '
-          'num_iterations updates. The byte count includes the '
-          'compiler\'s copies between HBM and on-chip memory, so the byte '
-          'term can exceed what HBM traffic alone needs.'
+          'Memory figures are the TPU compiler\'s (per chip). flops and '
+          'bytes_accessed are counted from the optimized HLO: the HBM bytes '
+          'each instruction reads and writes (on-chip buffers not '
+          'counted), every loop times its trip count; the decode loop, '
+          'whose trips the compiler does not know, per step '
+          '(max_generation_steps calls). compiler_flops and '
+          'compiler_bytes_accessed are XLA\'s cost_analysis(), which '
+          'counts a loop body once and on-chip traffic too. Time figures '
+          'are lower bounds: max(flops / peak bf16 FLOP/s, bytes / HBM '
+          'bandwidth) per call with the published chip figures; the step '
+          'bound sums them times calls_per_step. analytic_min_bytes is the '
+          'least a call must move for its layout (docs/tpu.md).'
       ),
   }
 
@@ -173,10 +179,24 @@ def format_report(result):
         f"{r['bytes_accessed'] / 1e9:8.2f} {r['time_bound_s'] * 1e3:9.2f} "
         f"x {r['calls_per_step']:g}"
     )
+  for r in result['programs']:
+    if r.get('min_ratio'):
+      lines.append(
+          f"{r['name']}: {r['bytes_accessed'] / 1e9:.3f} GB per call, "
+          f"{r['min_ratio']:.2f}x its analytic minimum "
+          f"{r['analytic_min_bytes'] / 1e9:.3f} GB ("
+          + ', '.join(f'{k} {v / 1e9:.3f}'
+                      for k, v in r['analytic_terms'].items()) + ')')
   lines.append(
       f"Step time lower bound: {result['step_time_bound_s']:.3f} s "
       '(a bound from flops and bytes, not a measurement)'
   )
+  side = result.get('tunix') or {}
+  if side.get('step_time_bound_s'):
+    lines.append(
+        f"tunix's step, compiled alike: {side['step_time_bound_s']:.3f} s; "
+        f"ours is {result['step_time_bound_s'] / side['step_time_bound_s']:.2f}x"
+        " of it (the tunix section of the JSON)")
   moe = result.get('moe')
   if moe:
     lines.append(
@@ -219,6 +239,33 @@ def format_report(result):
     lines.append(f"Not compiled after that: {', '.join(result['skipped'])} "
                  '(--keep_going compiles them too).')
   lines.append(verdict(result))
+  return '\n'.join(lines)
+
+
+def format_breakdown(result, top=8):
+  """Where each program's bytes go: categories and its top instructions."""
+  lines = []
+  for r in result['programs']:
+    b = r.get('breakdown') or {}
+    if not b:
+      continue
+    per = '' if r['calls_per_step'] <= 1 else ' (whole loop, all trips)'
+    lines.append(f"{r['name']}: {b['hlo_bytes'] / 1e9:.3f} GB, "
+                 f"{b['hlo_flops'] / 1e12:.3f} TFLOP{per}")
+    for name, c in b['categories'].items():
+      lines.append(f"  {name:16s} {c['bytes'] / 1e9:10.3f} GB "
+                   f"{c['flops'] / 1e12:9.3f} TFLOP")
+    for c in b['top'][:top]:
+      lines.append(f"    {c['bytes'] / 1e9:8.3f} GB x{c['trips']:g} "
+                   f"{c['opcode']} {c['category']}: {c['op_name'][-70:]}")
+    if b.get('custom_calls'):
+      lines.append('  custom calls (not counted inside): '
+                   + ', '.join(b['custom_calls']))
+  cal = result.get('calibration') or {}
+  for name, c in cal.items():
+    lines.append(f"calibration {name}: known {c['known']} bytes; HLO count "
+                 f"{c['hlo_ratio']:.3f}x, XLA cost_analysis "
+                 f"{c['compiler_ratio']:.3f}x")
   return '\n'.join(lines)
 
 
