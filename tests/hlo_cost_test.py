@@ -34,19 +34,26 @@ def _step(x, w):
   return jnp.tanh(x @ w)
 
 
-def _looped(x, ws):
-  return jax.lax.fori_loop(0, _TRIPS, lambda i, x: _step(x, ws[i]), x)
+def _weight(ws, index):
+  return jax.lax.dynamic_index_in_dim(ws, index, keepdims=False)
 
 
-def _unrolled(x, ws):
+def _looped(x, ws, order):
+  return jax.lax.fori_loop(
+      0, _TRIPS, lambda i, x: _step(x, _weight(ws, order[i])), x)
+
+
+def _unrolled(x, ws, order):
   for i in range(_TRIPS):
-    x = _step(x, ws[i])
+    x = _step(x, _weight(ws, order[i]))
   return x
 
 
 def test_a_loop_counts_as_its_unrolled_program(chip):
+  # The weight of each step picked by a traced index in both programs.
   args = (_spec((_ROWS, _WIDTH), chip),
-          _spec((_TRIPS, _WIDTH, _WIDTH), chip))
+          _spec((_TRIPS, _WIDTH, _WIDTH), chip),
+          _spec((_TRIPS,), chip, jnp.int32))
   looped, unrolled = _count(_looped, *args), _count(_unrolled, *args)
   assert not looped.unknown_loops
   # Every trip's weight is read from HBM: the loop counts all of them.

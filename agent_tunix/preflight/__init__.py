@@ -13,8 +13,12 @@ Modules, from the command down:
   child     compiles in a child process the kernel may kill (host RAM)
   programs  the trainer's programs (rollout, log-probs, update, judge)
             compiled for a mesh
+  tunix_programs  tunix's own GRPO step compiled alike (the tunix section)
   abstract  the model, optimizer, judge and batches as sharded shapes
   compiler  the compile of one program and its records (Program, Killed)
+  hlo_cost  flops and HBM bytes counted from the optimized HLO, by cause
+  calibration  the count on programs whose traffic is known
+  analytic  the least traffic each program must move for its layout
   standins  stand-in tokenizers: the special ids the programs need
 
 A command: modules here import each other, cli and every layer below

@@ -273,7 +273,7 @@ def _users(comp):
   return users
 
 
-def _read_bytes(comp, users, name, full):
+def _read_bytes(comp, users, name, full, computations):
   """Bytes a fused computation reads of value `name` (of `full` bytes)."""
   consumers = users.get(name, [])
   if not consumers:
@@ -287,10 +287,35 @@ def _read_bytes(comp, users, name, full):
     elif inst.opcode == 'dynamic-update-slice' and inst.operands[0] == name:
       continue  # Updated in place: not read.
     elif inst.opcode in _VIEWS:
-      total += _read_bytes(comp, users, inst.name, full)
+      total += _read_bytes(comp, users, inst.name, full, computations)
+    elif inst.opcode == 'fusion' and inst.called('calls')[0] in computations:
+      # A fusion nested in this one: what it reads of its parameter.
+      inner = computations[inst.called('calls')[0]]
+      inner_users, params = _users(inner), list(inner.params)
+      for j, op in enumerate(inst.operands):
+        if op != name or j >= len(params):
+          continue
+        if _viewed_as_root(inner, inner_users, params[j]):
+          # It passes through as the nested fusion's result: read by
+          # whatever reads that.
+          total += _read_bytes(comp, users, inst.name, full, computations)
+        else:
+          total += _read_bytes(inner, inner_users, params[j], full,
+                               computations)
     else:
       return full
   return min(total, full)
+
+
+def _viewed_as_root(comp, users, name):
+  """True when value `name` of `comp` is its root through views alone."""
+  while True:
+    if comp.root is not None and comp.root.name == name:
+      return True
+    views = [u for u in users.get(name, []) if u.opcode in _VIEWS]
+    if len(views) != 1 or len(users.get(name, [])) != 1:
+      return False
+    name = views[0].name
 
 
 def _in_place_update(comp, inst):
@@ -326,14 +351,14 @@ def trips_from_condition(cond):
   return int(bound.args)
 
 
-def _fusion_bytes(inst, fused, outer_types, channels):
+def _fusion_bytes(inst, fused, outer_types, channels, computations):
   users = _users(fused)
   params = list(fused.params)
   read = 0
   for i, op in enumerate(inst.operands):
     full = array_bytes(outer_types.get(op, ''))
-    read += (_read_bytes(fused, users, params[i], full) if i < len(params)
-             else full)
+    read += (_read_bytes(fused, users, params[i], full, computations)
+             if i < len(params) else full)
   root = fused.root
   parts = ([fused.by_name.get(o) or _Param(o) for o in root.operands]
            if root.opcode == 'tuple' else [root])
@@ -524,7 +549,8 @@ class _Counter:
     if op == 'fusion':
       fused = [self.computations[c] for c in inst.called('calls')]
       if fused:
-        return (_fusion_bytes(inst, fused[0], types, self.channels),
+        return (_fusion_bytes(inst, fused[0], types, self.channels,
+                              self.computations),
                 _flops(fused[0], self.computations))
     if op == 'custom-call':
       target = re.search(r'custom_call_target="([^"]*)"', inst.attrs)

@@ -95,58 +95,12 @@ def _compile_rollout(config, mesh, sampler, episode, compiler, programs,
     )
 
 
-def compile_programs(config, mesh, usable, programs=PROGRAMS,
-                     keep_going=False, listener=None):
-  """Compiles the trainer's programs for `mesh`, in this process.
-
-  Args:
-    config: the run's config (validated).
-    mesh: a mesh of TPU (compile-only) devices.
-    usable: HBM bytes a program may use on one device.
-    programs: the subset of PROGRAMS to compile (those the config runs).
-    keep_going: go on after a program that does not fit.
-    listener: told of each compile as it starts and ends (`Compiler`).
-
-  Returns:
-    ([Program], [names of programs skipped after a misfit]).
-  """
-  model, optimizer = abstract.abstract_policy(config, mesh)
+def _compile_learner(config, mesh, model, optimizer, compiler, programs,
+                     opt_bytes):
+  """Compiles the log-prob passes and the update, with their floors."""
   hp = grpo.hparams_from_config(config)
-  g, gen = config.grpo, config.generation
-  judge = abstract.abstract_judge(config, mesh)
-  # Live through every program without being its argument: the optimizer
-  # state, and a judge with its own weights.
-  judge_bytes = (compiler_lib.per_chip_bytes(nnx.state(judge))
-                 if judge is not None else 0)
-  opt_bytes = (compiler_lib.per_chip_bytes(nnx.state(optimizer, nnx.OptState))
-               + judge_bytes)
-  compiler = compiler_lib.Compiler(usable, keep_going, listener)
+  g = config.grpo
   micro_batches = config.training.batch_size // config.training.micro_batch_size
-
-  if {'rollout_prefill', 'rollout_decode'} & set(programs):
-    multi_turn = episodes.enabled(config)
-    sampler = rollout_lib.Rollout(
-        model,
-        (standins.EpisodeSpecialTokens(model.config.num_embed) if multi_turn
-         else standins.GemmaSpecialTokens()),
-        gen.kv_cache_size,
-        cpu_decode_graph=gen.cpu_decode_graph,
-    )
-    if sampler.cpu_decode_graph:
-      raise RuntimeError(
-          'The sampler took the CPU decode graph on a TPU mesh; the '
-          'preflight would compile a program the TPU never runs.'
-      )
-    # As the trainer builds it: its format's stop pieces join the end ids
-    # the prefill and both decode loops read.
-    episode = episodes.from_config(config, sampler) if multi_turn else None
-    try:
-      _compile_rollout(config, mesh, sampler, episode, compiler, programs,
-                       opt_bytes, analytic.attention_windows(model))
-    finally:
-      if episode is not None:
-        episode.close()
-
   batch = abstract.update_batch(config, mesh)
   logps_fn, model_state = grpo.logps_program(model)
   logps_batch = grpo.logps_inputs(batch)
@@ -178,6 +132,60 @@ def compile_programs(config, mesh, usable, programs=PROGRAMS,
                  weights,
                  compiler_lib.per_chip_bytes((lora, opt_state)),
                  micro_batches, config.model.remat, saved))
+
+
+def compile_programs(config, mesh, usable, programs=PROGRAMS,
+                     keep_going=False, listener=None):
+  """Compiles the trainer's programs for `mesh`, in this process.
+
+  Args:
+    config: the run's config (validated).
+    mesh: a mesh of TPU (compile-only) devices.
+    usable: HBM bytes a program may use on one device.
+    programs: the subset of PROGRAMS to compile (those the config runs).
+    keep_going: go on after a program that does not fit.
+    listener: told of each compile as it starts and ends (`Compiler`).
+
+  Returns:
+    ([Program], [names of programs skipped after a misfit]).
+  """
+  model, optimizer = abstract.abstract_policy(config, mesh)
+  gen = config.generation
+  judge = abstract.abstract_judge(config, mesh)
+  # Live through every program without being its argument: the optimizer
+  # state, and a judge with its own weights.
+  judge_bytes = (compiler_lib.per_chip_bytes(nnx.state(judge))
+                 if judge is not None else 0)
+  opt_bytes = (compiler_lib.per_chip_bytes(nnx.state(optimizer, nnx.OptState))
+               + judge_bytes)
+  compiler = compiler_lib.Compiler(usable, keep_going, listener)
+
+  if {'rollout_prefill', 'rollout_decode'} & set(programs):
+    multi_turn = episodes.enabled(config)
+    sampler = rollout_lib.Rollout(
+        model,
+        (standins.EpisodeSpecialTokens(model.config.num_embed) if multi_turn
+         else standins.GemmaSpecialTokens()),
+        gen.kv_cache_size,
+        cpu_decode_graph=gen.cpu_decode_graph,
+    )
+    if sampler.cpu_decode_graph:
+      raise RuntimeError(
+          'The sampler took the CPU decode graph on a TPU mesh; the '
+          'preflight would compile a program the TPU never runs.'
+      )
+    # As the trainer builds it: its format's stop pieces join the end ids
+    # the prefill and both decode loops read.
+    episode = episodes.from_config(config, sampler) if multi_turn else None
+    try:
+      _compile_rollout(config, mesh, sampler, episode, compiler, programs,
+                       opt_bytes, analytic.attention_windows(model))
+    finally:
+      if episode is not None:
+        episode.close()
+
+  _compile_learner(config, mesh, model, optimizer, compiler, programs,
+                   opt_bytes)
   if 'judge' in programs and abstract.uses_gemma_judge(config):
     if judge is None:
       _compile_judge(config, mesh, model, compiler, opt_bytes)

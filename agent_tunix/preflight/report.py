@@ -179,24 +179,7 @@ def format_report(result):
         f"{r['bytes_accessed'] / 1e9:8.2f} {r['time_bound_s'] * 1e3:9.2f} "
         f"x {r['calls_per_step']:g}"
     )
-  for r in result['programs']:
-    if r.get('min_ratio'):
-      lines.append(
-          f"{r['name']}: {r['bytes_accessed'] / 1e9:.3f} GB per call, "
-          f"{r['min_ratio']:.2f}x its analytic minimum "
-          f"{r['analytic_min_bytes'] / 1e9:.3f} GB ("
-          + ', '.join(f'{k} {v / 1e9:.3f}'
-                      for k, v in r['analytic_terms'].items()) + ')')
-  lines.append(
-      f"Step time lower bound: {result['step_time_bound_s']:.3f} s "
-      '(a bound from flops and bytes, not a measurement)'
-  )
-  side = result.get('tunix') or {}
-  if side.get('step_time_bound_s'):
-    lines.append(
-        f"tunix's step, compiled alike: {side['step_time_bound_s']:.3f} s; "
-        f"ours is {result['step_time_bound_s'] / side['step_time_bound_s']:.2f}x"
-        " of it (the tunix section of the JSON)")
+  lines += _bound_lines(result)
   moe = result.get('moe')
   if moe:
     lines.append(
@@ -240,6 +223,32 @@ def format_report(result):
                  '(--keep_going compiles them too).')
   lines.append(verdict(result))
   return '\n'.join(lines)
+
+
+def _bound_lines(result):
+  """Each program against its floor, the step bound and tunix's."""
+  lines = []
+  for r in result['programs']:
+    if r.get('min_ratio'):
+      lines.append(
+          f"{r['name']}: {r['bytes_accessed'] / 1e9:.3f} GB per call, "
+          f"{r['min_ratio']:.2f}x its analytic minimum "
+          f"{r['analytic_min_bytes'] / 1e9:.3f} GB ("
+          + ', '.join(f'{k} {v / 1e9:.3f}'
+                      for k, v in r['analytic_terms'].items()) + ')')
+  lines.append(
+      f"Step time lower bound: {result['step_time_bound_s']:.3f} s "
+      '(a bound from flops and bytes, not a measurement)'
+  )
+  side = result.get('tunix') or {}
+  if side.get('step_time_bound_s'):
+    ratio = result['step_time_bound_s'] / side['step_time_bound_s']
+    lines.append(
+        f"tunix's step, compiled alike: {side['step_time_bound_s']:.3f} s; "
+        f'ours is {ratio:.2f}x of it (the tunix section of the JSON)')
+  elif side.get('why_not'):
+    lines.append(f"tunix's step not compiled: {side['why_not']}")
+  return lines
 
 
 def format_breakdown(result, top=8):

@@ -552,6 +552,9 @@ class _ShardedActivations:
     with self._context(args):
       return self._jitted.lower(*args, **kwargs)
 
+  def __getattr__(self, name):  # The jitted function's other attributes.
+    return getattr(self._jitted, name)
+
 
 def train_step(
     model: nnx.Module,
