@@ -24,7 +24,6 @@ HLO metadata). Imports nothing of the project.
 
 import collections
 import dataclasses
-import json
 import math
 import re
 
@@ -144,8 +143,8 @@ def _dims(type_text):
   return [int(d) for d in m.group(2).split(',') if d] if m else []
 
 
-def _split_top(text, opener='(', closer=')'):
-  """(inside, rest) of text that starts with `opener`, at its match."""
+def _split_top(text):
+  """(inside, rest) of text that starts with a bracket, at its match."""
   depth = 0
   for i, ch in enumerate(text):
     if ch in '({[':
@@ -422,15 +421,15 @@ def _valid_taps(size_in, size_out, window):
   land on an input element (not padding or a dilation hole)."""
   size, lo, _, stride, lhs_dil, rhs_dil = window
   extent = (size_in - 1) * lhs_dil  # last input position, dilated
+  if lhs_dil > 1:  # Holes between inputs: count the pairs one by one.
+    return sum(0 <= p <= extent and p % lhs_dil == 0
+               for w in range(size) for o in range(size_out)
+               for p in (o * stride + w * rhs_dil - lo,))
   total = 0
-  for w in range(size):
-    for o in range(size_out) if lhs_dil > 1 else ():
-      p = o * stride + w * rhs_dil - lo
-      total += 0 <= p <= extent and p % lhs_dil == 0
-    if lhs_dil == 1:
-      first = max(0, -(-(lo - w * rhs_dil) // stride))
-      last = min(size_out - 1, (extent + lo - w * rhs_dil) // stride)
-      total += max(0, last - first + 1)
+  for w in range(size):  # The outputs whose tap w lands on input.
+    first = max(0, -(-(lo - w * rhs_dil) // stride))
+    last = min(size_out - 1, (extent + lo - w * rhs_dil) // stride)
+    total += max(0, last - first + 1)
   return total
 
 
@@ -590,7 +589,3 @@ def count(hlo_text, unknown_trips=1):
       custom_calls=sorted(set(counter.custom_calls)),
   )
 
-
-def dumps(count_, n=12):
-  """The breakdown as JSON text (for a look at one program)."""
-  return json.dumps(count_.breakdown(n), indent=1)
