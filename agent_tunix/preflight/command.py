@@ -85,8 +85,8 @@ def run(config, topology, programs=programs_lib.PROGRAMS, keep_going=False):
   per_chip = max(1, len(devices) // spec.num_chips)
   tunix = None
   if 'tunix' in programs:
-    tunix = tunix_programs.section(theirs, spec.chip, usable, per_chip,
-                                   tunix_programs.why_not(config))
+    tunix = report_lib.tunix_section(theirs, spec.chip, usable, per_chip,
+                                     tunix_programs.why_not(config))
   return report_lib.report(
       config, spec, [p for p in compiled if p.name != 'tunix'],
       usable=usable, devices_per_chip=per_chip, skipped=skipped,

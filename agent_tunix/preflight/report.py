@@ -10,6 +10,7 @@ from agent_tunix.models import gemma
 from agent_tunix.models import gemma4 as gemma4_lib
 from agent_tunix.preflight import compiler
 from agent_tunix.preflight import programs as programs_lib
+from agent_tunix.preflight import tunix_programs
 from agent_tunix.tpu import topology as tpu_topology
 
 
@@ -69,30 +70,15 @@ def report(config, spec, programs, usable, devices_per_chip=1,
       bandwidth.
     skipped: programs not compiled because an earlier one did not fit.
     calibration: `calibration.calibrate`'s cases, or None.
-    tunix: the `tunix` section (`tunix_programs.section`), or None.
+    tunix: the `tunix` section (`tunix_section`), or None.
 
   Returns:
     A dict of plain values (docs/preflight.md).
   """
-  chip = spec.chip
-  rows = []
-  step_s = 0.0
-  for p in programs:
-    bound = p.time_bound_s(chip, devices_per_chip)
-    step_s += bound * p.calls_per_step
-    fits = p.total_bytes <= usable and not p.error
-    row = dataclasses.asdict(p)
-    row.update(
-        total_bytes=p.total_bytes,
-        fits=fits,
-        bytes_over=max(0, p.total_bytes - usable),
-        time_bound_s=bound,
-        min_ratio=(p.bytes_accessed / p.analytic_min_bytes
-                   if p.analytic_min_bytes else None),
-        fixes=([] if fits else host_fixes(p) if getattr(p, 'killed', False)
-               else fixes(config, p, spec)),
-    )
-    rows.append(row)
+  rows, step_s = _rows(programs, spec.chip, usable, devices_per_chip)
+  for p, row in zip(programs, rows):
+    row['fixes'] = ([] if row['fits'] else host_fixes(p)
+                    if getattr(p, 'killed', False) else fixes(config, p, spec))
   return {
       'config': {
           'preset': config.model.preset,
@@ -117,7 +103,7 @@ def report(config, spec, programs, usable, devices_per_chip=1,
           'topology': spec.topology,
           'chips': spec.num_chips,
           'hosts': spec.num_hosts,
-          'chip': dataclasses.asdict(chip),
+          'chip': dataclasses.asdict(spec.chip),
           'devices_per_chip': devices_per_chip,
           'usable_hbm_bytes': usable,
       },
@@ -146,6 +132,39 @@ def report(config, spec, programs, usable, devices_per_chip=1,
           'bound sums them times calls_per_step. analytic_min_bytes is the '
           'least a call must move for its layout (docs/tpu.md).'
       ),
+  }
+
+
+def _rows(programs, chip, usable, devices_per_chip):
+  """([the report's row of each program], the step bound they sum to)."""
+  rows, step_s = [], 0.0
+  for p in programs:
+    bound = p.time_bound_s(chip, devices_per_chip)
+    step_s += bound * p.calls_per_step
+    row = dataclasses.asdict(p)
+    row.update(
+        total_bytes=p.total_bytes,
+        fits=p.total_bytes <= usable and not p.error,
+        bytes_over=max(0, p.total_bytes - usable),
+        time_bound_s=bound,
+        min_ratio=(p.bytes_accessed / p.analytic_min_bytes
+                   if p.analytic_min_bytes else None),
+    )
+    rows.append(row)
+  return rows, step_s
+
+
+def tunix_section(programs, chip, usable, devices_per_chip=1, reason=''):
+  """The report's `tunix` entry: tunix's programs (`tunix_programs`) and
+  the step bound they sum to, or why they were not compiled."""
+  rows, step_s = _rows(programs, chip, usable, devices_per_chip)
+  done = {r['name'] for r in rows}
+  return {
+      'programs': rows,
+      'step_time_bound_s': step_s if rows else None,
+      'not_compiled': [n for n in tunix_programs.PROGRAMS if n not in done],
+      'why_not': reason,
+      'notes': tunix_programs.NOTES,
   }
 
 

@@ -13,12 +13,11 @@ activation sharding (`tunix_adapter.activation_sharding`):
     over one micro-batch (its learner runs one per micro-batch).
 
 The sampler's state is placed as this project places it (tunix builds it
-on one device). `compile_all` compiles them; `section` makes the report's
-`tunix` entry: the programs and `step_time_bound_s`. Imports models/, rl/, tpu/ and the modules beside
+on one device). `compile_all` compiles them; `report.tunix_section` makes
+the report's `tunix` entry. Imports models/, rl/, tpu/ and the modules beside
 it.
 """
 
-import dataclasses
 import functools
 import types
 
@@ -41,6 +40,13 @@ from agent_tunix.tpu import sharding
 
 PROGRAMS = ('tunix_prefill', 'tunix_decode', 'tunix_reference_logps',
             'tunix_train_step')
+NOTES = (
+    "tunix 0.1.7's GRPOLearner step: its sampler's prefill of every row "
+    'and decode loop, its reference log-probs (beta > 0) and PeftTrainer '
+    'train step once per micro-batch, compiled within its mesh context '
+    "(activation sharding on) with this run's shapes, LoRA and optimizer; "
+    'the sampling state is placed as this project places it. '
+    'tunix_reference_logps is not compiled when beta = 0.')
 
 
 def _rows_spec(mesh, shape, dtype):
@@ -182,30 +188,3 @@ def compile_all(config, mesh, model, optimizer, usable, opt_bytes):
     _sampler(config, model, compiler, mesh, opt_bytes)
     _learner(config, model, optimizer, compiler, mesh, opt_bytes)
   return compiler.programs
-
-
-def section(programs, chip, usable, devices_per_chip=1, reason=''):
-  """The report's `tunix` entry: its programs and step_time_bound_s."""
-  rows, step = [], 0.0
-  for p in programs:
-    bound = p.time_bound_s(chip, devices_per_chip)
-    step += bound * p.calls_per_step
-    row = dataclasses.asdict(p)
-    row.update(time_bound_s=bound, total_bytes=p.total_bytes,
-               fits=p.total_bytes <= usable and not p.error)
-    rows.append(row)
-  done = {r['name'] for r in rows}
-  return {
-      'programs': rows,
-      'step_time_bound_s': step if rows else None,
-      'not_compiled': [n for n in PROGRAMS if n not in done],
-      'why_not': reason,
-      'notes': (
-          "tunix 0.1.7's GRPOLearner step: its sampler's prefill of every "
-          'row and decode loop, its reference log-probs (beta > 0) and '
-          'PeftTrainer train step once per micro-batch, compiled within '
-          "its mesh context (activation sharding on) with this run's "
-          'shapes, LoRA and optimizer; the sampling state is placed as '
-          'this project places it. tunix_reference_logps is not compiled '
-          'when beta = 0.'),
-  }
