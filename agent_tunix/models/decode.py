@@ -128,16 +128,17 @@ class DecodeStepAttention(gemma3_lib.Attention):
     window = (self.sliding_window_size
               if self.attn_type == gemma3_lib.AttentionType.LOCAL_SLIDING
               else None)
+    if window:
+      attn_mask = attn_mask * gemma3_lib.create_sliding_window_mask(
+          attn_mask, sliding_window_size=window)
     if window and window < full_size:
       # Only the window can be attended: read those columns alone (every
-      # row's current position is `slot`; the mask below is tunix's, cut
-      # the same way, so the columns left out were masked).
+      # row's current position is `slot`; tunix's mask, cut the same way,
+      # masked the columns left out).
       start = jnp.clip(slot - window + 1, 0, full_size - window)
-      keys = jax.lax.dynamic_slice_in_dim(keys, start, window, axis=1)
-      values = jax.lax.dynamic_slice_in_dim(values, start, window, axis=1)
-      full_mask = attn_mask
-      attn_mask = jax.lax.dynamic_slice_in_dim(attn_mask, start, window,
-                                               axis=2)
+      keys, values, attn_mask = (
+          jax.lax.dynamic_slice_in_dim(x, start, window, axis=axis)
+          for x, axis in ((keys, 1), (values, 1), (attn_mask, 2)))
       slot = slot - start
     size = keys.shape[1]
     query = query.reshape(batch, kv_heads, groups, head_dim)
@@ -149,15 +150,6 @@ class DecodeStepAttention(gemma3_lib.Attention):
     own = jnp.einsum('bkgh,bkh->bkg', query, key[:, 0])
     at_slot = jnp.arange(size) == slot
     logits = jnp.where(at_slot, own[..., None], logits)
-    if window and window < full_size:
-      attn_mask = attn_mask * jax.lax.dynamic_slice_in_dim(
-          gemma3_lib.create_sliding_window_mask(
-              full_mask, sliding_window_size=window),
-          start, window, axis=2)
-    elif self.attn_type == gemma3_lib.AttentionType.LOCAL_SLIDING:
-      attn_mask = attn_mask * gemma3_lib.create_sliding_window_mask(
-          attn_mask, sliding_window_size=self.sliding_window_size
-      )
     # attn_mask [B, 1, S] -> [B, 1, 1, S] against [B, K, G, S].
     logits = jnp.where(attn_mask[:, :, None, :], logits, gemma3_lib.K_MASK)
     probs = jax.nn.softmax(logits, axis=-1).astype(values.dtype)
@@ -240,9 +232,9 @@ def uses_cpu_decode_graph(model, mesh_platform):
 
 def uses_step_attention(model):
   """True for a tunix Gemma 3 whose layers' attention is tunix's own."""
-  return all(type(layer.attn) is gemma3_lib.Attention
-             for layer in getattr(model, 'layers', [])) and bool(
-                 getattr(model, 'layers', None))
+  layers = getattr(model, 'layers', None) or []
+  return bool(layers) and all(type(layer.attn) is gemma3_lib.Attention
+                              for layer in layers)
 
 
 @contextlib.contextmanager

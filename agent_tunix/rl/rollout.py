@@ -205,14 +205,6 @@ def _platform(model):
           else jax.default_backend())
 
 
-def _on_cpu(model):
-  return _platform(model) == 'cpu'
-
-
-def _on_cpu_mesh(mesh):
-  return mesh is None or mesh.devices.flat[0].platform == 'cpu'
-
-
 def uses_cpu_decode_graph(model):
   """True when the sampler should run models.decode's CPU graph: on CPU,
   for a tunix Gemma 3 (on TPU/GPU the sampler runs tunix's graph with
@@ -261,9 +253,10 @@ class Rollout:
     # model keeps tunix's classes.
     self.cpu_decode_graph = bool(cpu_decode_graph and
                                  uses_cpu_decode_graph(model))
+    self._on_accelerator = _platform(model) != 'cpu'
     if self.cpu_decode_graph:
       graph = decode.cpu_decode_graph(model)
-    elif decode.uses_step_attention(model) and not _on_cpu(model):
+    elif decode.uses_step_attention(model) and self._on_accelerator:
       graph = decode.step_attention_graph(model)
     else:
       graph = contextlib.nullcontext()
@@ -494,7 +487,7 @@ class Rollout:
   @property
   def params(self):
     """The sampler's flattened model state (the programs' first argument),
-    its embedding in the sampling layout (`sampling_layout`)."""
+    its embedding in the sampling layout (`_sampling_embedding`)."""
     params = list(tunix_adapter.flattened_state(self.sampler))
     for i, variable in enumerate(params):
       if variable is self._embedding:
@@ -513,7 +506,7 @@ class Rollout:
     """
     value = variable.get_value()
     spec = sharding.vocab_sharding(self.mesh, value.shape)
-    if spec is None or _on_cpu_mesh(self.mesh):
+    if spec is None or not self._on_accelerator:
       return variable
     if isinstance(value, jax.ShapeDtypeStruct):  # The preflight's.
       return variable.copy(jax.ShapeDtypeStruct(value.shape, value.dtype,
