@@ -291,10 +291,14 @@ def _add_grpo(config):
   # recomputed in the backward pass.
   config.grpo.logps_chunk_size = 64
   # Reference and update passes: run each prompt through the model once for
-  # its G completions instead of once per completion, when prompt +
-  # completion fits in the model's sliding window (otherwise every row runs
-  # in full). The rollout always prefills each prompt once (exact).
+  # its G completions, not once per completion: always on packed rows;
+  # padded rows only when prompt + completion fits in the sliding window.
+  # The rollout always prefills each prompt once (exact).
   config.grpo.share_prompts = True
+  # Those passes on packed rows: a prompt group's real tokens in one row,
+  # the vocabulary projection on counted tokens only. Same loss and
+  # gradients as padded rows; Gemma 3 (Gemma 4 runs padded rows).
+  config.grpo.pack_sequences = True
 
 
 def _add_grpo_variants(config):

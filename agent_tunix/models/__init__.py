@@ -19,6 +19,8 @@
                from GGUF
   lora         qwix LoRA on the policy
   decode       the sampler's graph on CPU
+  packed_attention  Gemma 3 attention for packed rows (the window in
+               positions)
   tunix_adapter  every use of tunix's private names, and the check that
                the installed tunix is the tested version
 

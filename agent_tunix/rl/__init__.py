@@ -10,6 +10,7 @@ batch on the mesh with its log-prob passes dispatched), dynamic_sampling
 (groups with a reward spread), objectives (the pure array
 math of GRPO and its variants), advantages (the advantage estimators by
 name), losses (the policy losses, correction and terms by name), logprobs (model passes that score tokens),
+packing (those passes on packed rows, padding-free),
 remat, optimizer, grpo (the jitted update) and evaluation (the accuracy of a
 policy on a split). Modules here may import each other and the layers below
 (agent_tunix.data, models, rewards, tpu); never config, observe, run or a

@@ -73,6 +73,7 @@ from agent_tunix.models import tunix_adapter
 from agent_tunix.rl import advantages as advantages_lib
 from agent_tunix.rl import logprobs
 from agent_tunix.rl import losses
+from agent_tunix.rl import packing as packing_lib
 from agent_tunix.rl import remat
 from agent_tunix.tpu import sharding
 
@@ -95,12 +96,16 @@ class Sequences:
     sampler_logps: float32 [N, C], the sampler's log-probs of the
       completion tokens; None when the batch was not sampled (benchmarks).
       The log-prob passes do not read it.
+    packing: the `packing.Packing` the passes run the batch at (static:
+      each distinct shape compiles once); None: padded rows.
   """
 
   tokens: Rows
   input_mask: Rows
   completion_mask: Rows
   sampler_logps: Rows | None = None
+  packing: packing_lib.Packing | None = struct.field(
+      pytree_node=False, default=None)
 
 
 @struct.dataclass
@@ -120,6 +125,8 @@ class UpdateBatch:
   sampler_logps: Rows | None = None
   rewards: Rows | None = None
   kl_coeff: Rows | None = None
+  packing: packing_lib.Packing | None = struct.field(
+      pytree_node=False, default=None)
 
   @classmethod
   def of(cls, sequences: Sequences, advantages: Rows | None = None,
@@ -128,12 +135,12 @@ class UpdateBatch:
     return cls(tokens=sequences.tokens, input_mask=sequences.input_mask,
                completion_mask=sequences.completion_mask,
                sampler_logps=sequences.sampler_logps, advantages=advantages,
-               **optional)
+               packing=sequences.packing, **optional)
 
   @property
   def sequences(self) -> Sequences:
     return Sequences(self.tokens, self.input_mask, self.completion_mask,
-                     self.sampler_logps)
+                     self.sampler_logps, self.packing)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -412,6 +419,16 @@ def _sampler_gap(old_logps, micro, mask):
   return {SAMPLER_GAP: (gap * mask).sum()}
 
 
+def _packed(batch, completion_mask=None):
+  """The log-prob pass's packing arguments for `batch`: none when it is
+  padded (so a replacement logps_fn need not know them)."""
+  if batch.packing is None:
+    return {}
+  if completion_mask is None:
+    completion_mask = batch.completion_mask
+  return {'completion_mask': completion_mask, 'packing': batch.packing}
+
+
 def _loss_fn(graphdef, rest, hp: StepHParams, completion_len, total,
              logps_fn):
   """loss(lora_state, micro) -> (the micro-batch's share of the full-batch
@@ -428,6 +445,7 @@ def _loss_fn(graphdef, rest, hp: StepHParams, completion_len, total,
         module, micro.tokens, micro.input_mask, completion_len,
         hp.chunk_size, use_lora=True, compute_entropy=True,
         group=hp.prompt_group, temperature=hp.temperature,
+        **_packed(micro),
     )
     mask = micro.completion_mask.astype(jnp.float32)
     old_logps = micro.old_logps
@@ -648,7 +666,8 @@ def _logps(graphdefs, state, batch: Sequences, hp, use_lora):
   """[N, C] log-probs of the model (graphdefs[0], state), micro-batched."""
   completion_len = batch.completion_mask.shape[1]
   micros = _micro_batches(
-      {'tokens': batch.tokens, 'input_mask': batch.input_mask},
+      {'tokens': batch.tokens, 'input_mask': batch.input_mask,
+       'completion_mask': batch.completion_mask},
       hp.micro_batch_size,
       hp.prompt_group,
   )
@@ -665,6 +684,7 @@ def _logps(graphdefs, state, batch: Sequences, hp, use_lora):
         use_lora=use_lora,
         group=hp.prompt_group,
         temperature=hp.temperature,
+        **_packed(batch, micro['completion_mask']),
     )
     return logps
 
@@ -688,7 +708,8 @@ def logps_program(model):
 def logps_inputs(batch: Sequences | UpdateBatch) -> Sequences:
   """What the log-prob program reads of a batch: its tokens, input and
   completion masks (so one program serves every batch of those shapes)."""
-  return Sequences(batch.tokens, batch.input_mask, batch.completion_mask)
+  return Sequences(batch.tokens, batch.input_mask, batch.completion_mask,
+                   packing=batch.packing)
 
 
 def _model_logps(model, batch, hp, use_lora):

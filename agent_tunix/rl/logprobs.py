@@ -15,6 +15,8 @@ same object (with the experts' own adapters switched off too) runs the
 frozen weights alone, so no second copy of the weights is needed.
 """
 
+import functools
+
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -22,6 +24,7 @@ import jax.numpy as jnp
 from agent_tunix.models import families
 from agent_tunix.models import gemma4 as gemma4_lib
 from agent_tunix.models import lora
+from agent_tunix.rl import packing as packing_lib
 
 
 def chunk_layout(length: int, chunk_size: int) -> tuple[int, int]:
@@ -289,6 +292,8 @@ def per_token_logps(
     compute_entropy: bool = False,
     group: int = 1,
     temperature: float = 1.0,
+    completion_mask: jax.Array | None = None,
+    packing: packing_lib.Packing | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
   """Log-probs of the last `completion_len` tokens given what precedes them.
 
@@ -305,10 +310,23 @@ def per_token_logps(
       `can_share_prompts` allows it.
     temperature: the logits are divided by it before the softmax (the
       sampling temperature; see `chunked_token_logps`).
+    completion_mask: [B, C], the counted tokens; needed with `packing`.
+    packing: the batch's `packing.Packing`: the passes run on packed rows
+      (`packing.token_logps`), and positions not counted get 0; None: the
+      padded rows.
 
   Returns:
     (logps [B, C] float32, entropy [B, C] float32 or None).
   """
+  embedding = model.embedder.input_embedding[...]
+  project = functools.partial(
+      _project, embedding=embedding, temperature=temperature,
+      softcap=families.of_config(model.config).final_logit_softcap)
+  if packing is not None:
+    return packing_lib.token_logps(
+        model, tokens, input_mask, completion_mask, chunk_size, project,
+        packing, use_lora=use_lora, compute_entropy=compute_entropy,
+        group=group)
   length = tokens.shape[1]
   if not 0 < completion_len < length:
     raise ValueError(
@@ -324,9 +342,11 @@ def per_token_logps(
     # Position t predicts token t + 1.
     hidden = hidden[:, length - completion_len - 1 : length - 1]
   targets = tokens[:, length - completion_len :]
-  embedding = model.embedder.input_embedding[...]
+  return project(hidden, targets, chunk_size, compute_entropy)
+
+
+def _project(hidden, targets, chunk_size, compute_entropy, *, embedding,
+             temperature, softcap):
   return chunked_token_logps(
       hidden, embedding, targets, chunk_size, compute_entropy=compute_entropy,
-      temperature=temperature,
-      softcap=families.of_config(model.config).final_logit_softcap,
-  )
+      temperature=temperature, softcap=softcap)

@@ -44,6 +44,7 @@ SAFE_FIELDS = (
     'generation.cpu_decode_graph',
     'grpo.logps_chunk_size',
     'grpo.share_prompts',
+    'grpo.pack_sequences',
     'data.worker_count',
     # Where and how the judge is reached, not what it judges.
     'judge.base_url',

@@ -134,7 +134,8 @@ def setup(config, workdir, with_data=True):
   eval_set = pipeline.eval_examples(config, tokenizer, turns=tool_format)
   reward_set = judging.reward_set(config, workdir, model, tokenizer)
   stage = functools.partial(staging.stage, model, mesh, hparams,
-                            num_iterations=config.grpo.num_iterations)
+                            num_iterations=config.grpo.num_iterations,
+                            pack=config.grpo.pack_sequences)
   session = Session(
       config=config, workdir=workdir, mesh=mesh, model=model,
       tokenizer=tokenizer, sampler=sampler, reward_set=reward_set,
