@@ -246,10 +246,18 @@ def step_attention_graph(model):
   window layer reading only its window of the cache. The weights and their
   layout are the model's; only the classes change, restored after.
   """
+  with attention_class(model, DecodeStepAttention):
+    yield model
+
+
+@contextlib.contextmanager
+def attention_class(model, attention):
+  """Within the block, every layer's attention is of class `attention`
+  (a subclass of tunix's); the classes are restored after."""
   undo = [(layer.attn, type(layer.attn)) for layer in model.layers]
   try:
     for layer in model.layers:
-      layer.attn.__class__ = DecodeStepAttention
+      layer.attn.__class__ = attention
     yield model
   finally:
     for module, cls in undo:

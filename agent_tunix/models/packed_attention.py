@@ -15,10 +15,10 @@ and lifts tunix's column band; everything else is tunix's block.
 Installed only on the model of a packed pass (`packed_attention_graph`).
 """
 
-import contextlib
-
 import jax.numpy as jnp
 from tunix.models.gemma3 import model as gemma3_lib
+
+from agent_tunix.models import decode
 
 # Mask values: visible to global layers only; visible to every layer.
 FAR, NEAR = 1, 2
@@ -57,15 +57,7 @@ def supports(model):
       isinstance(layer.attn, gemma3_lib.Attention) for layer in layers)
 
 
-@contextlib.contextmanager
 def packed_attention_graph(model):
   """Within the block, `model`'s attention layers are PackedAttention;
   their classes are restored after."""
-  undo = [(layer.attn, type(layer.attn)) for layer in model.layers]
-  try:
-    for layer in model.layers:
-      layer.attn.__class__ = PackedAttention
-    yield model
-  finally:
-    for module, cls in undo:
-      module.__class__ = cls
+  return decode.attention_class(model, PackedAttention)
