@@ -164,8 +164,8 @@ def test_window_is_counted_in_positions(narrow_model, monkeypatch):
   assert np.abs(banded - want)[counted].max() > 1e-3
 
 
-@pytest.mark.parametrize('remat', ['none', 'block', 'layer'])
-@pytest.mark.parametrize('inserts', [False, True])
+@pytest.mark.parametrize('remat, inserts', [
+    ('none', False), ('none', True), ('block', True), ('layer', True)])
 def test_packed_update_equals_padded(narrow_model, remat, inserts):
   batch = _batch(inserts=inserts)
   hp = update_helpers.hparams(micro_batch_size=2 * _G, prompt_group=_G,
