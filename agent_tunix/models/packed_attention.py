@@ -50,13 +50,6 @@ class PackedAttention(gemma3_lib.Attention):
       self.sliding_window_size = window
 
 
-def supports(model):
-  """Whether `model`'s layers use tunix's Gemma 3 attention."""
-  layers = getattr(model, 'layers', None) or []
-  return bool(layers) and all(
-      isinstance(layer.attn, gemma3_lib.Attention) for layer in layers)
-
-
 def packed_attention_graph(model):
   """Within the block, `model`'s attention layers are PackedAttention;
   their classes are restored after."""

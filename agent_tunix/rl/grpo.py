@@ -419,14 +419,12 @@ def _sampler_gap(old_logps, micro, mask):
   return {SAMPLER_GAP: (gap * mask).sum()}
 
 
-def _packed(batch, completion_mask=None):
-  """The log-prob pass's packing arguments for `batch`: none when it is
-  padded (so a replacement logps_fn need not know them)."""
-  if batch.packing is None:
+def _packed(packing, completion_mask):
+  """The log-prob pass's packing arguments: none for padded rows (so a
+  replacement logps_fn need not know them)."""
+  if packing is None:
     return {}
-  if completion_mask is None:
-    completion_mask = batch.completion_mask
-  return {'completion_mask': completion_mask, 'packing': batch.packing}
+  return {'completion_mask': completion_mask, 'packing': packing}
 
 
 def _loss_fn(graphdef, rest, hp: StepHParams, completion_len, total,
@@ -445,7 +443,7 @@ def _loss_fn(graphdef, rest, hp: StepHParams, completion_len, total,
         module, micro.tokens, micro.input_mask, completion_len,
         hp.chunk_size, use_lora=True, compute_entropy=True,
         group=hp.prompt_group, temperature=hp.temperature,
-        **_packed(micro),
+        **_packed(micro.packing, micro.completion_mask),
     )
     mask = micro.completion_mask.astype(jnp.float32)
     old_logps = micro.old_logps
@@ -684,7 +682,7 @@ def _logps(graphdefs, state, batch: Sequences, hp, use_lora):
         use_lora=use_lora,
         group=hp.prompt_group,
         temperature=hp.temperature,
-        **_packed(batch, micro['completion_mask']),
+        **_packed(batch.packing, micro['completion_mask']),
     )
     return logps
 

@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agent_tunix.models import decode
 from agent_tunix.models import families
 from agent_tunix.models import lora
 from agent_tunix.models import packed_attention
@@ -78,7 +79,7 @@ def supported(model) -> bool:
   """Whether packed passes run for `model` (a tunix Gemma 3)."""
   cfg = getattr(model, 'config', None)
   return (cfg is not None and families.of_config(cfg) is families.GEMMA3
-          and packed_attention.supports(model))
+          and decode.uses_step_attention(model))
 
 
 def needs(input_mask, completion_mask, group: int) -> tuple[int, int]:
@@ -110,7 +111,7 @@ def for_batch(input_mask, completion_mask, group: int,
   width, counted = (int(v) for v in reduce_max(
       np.array(needs(input_mask, completion_mask, group))))
   slots = -(-bucket(counted, most) // group) * group
-  return Packing(max(bucket(width, most), 2), slots)
+  return Packing(bucket(width, most), slots)
 
 
 def padding_share(input_mask, completion_mask, group: int) -> dict:
