@@ -43,12 +43,15 @@ def _config(preset='tiny_gemma4', arg=None):
   return config
 
 
-@pytest.fixture(scope='module', params=['tiny_gemma4', 'tiny_gemma4_moe',
+@pytest.fixture(scope='module', params=['tiny_gemma4',
                                         'tiny_gemma4_moe+experts'])
 def policy(request):
   """(config, LoRA policy with non-zero adapters, tokenizer).
 
-  '+experts': the MoE model with per-expert LoRA too (model.lora_experts).
+  '+experts': the MoE model with per-expert LoRA too (model.lora_experts),
+  whose forward runs every path of the MoE without it and the experts'
+  adapters besides; the MoE without them is checked for its adapters
+  alone (test_moe_without_expert_lora_has_no_expert_adapters).
   """
   preset, _, experts = request.param.partition('+')
   config = _config(preset)
@@ -176,6 +179,16 @@ def test_lora_targets(policy):
     assert experts == {f'layers/{i}/moe' for i in range(len(model.layers))}
   else:
     assert not experts
+
+
+def test_moe_without_expert_lora_has_no_expert_adapters():
+  config = _config('tiny_gemma4_moe')
+  assert not config.model.lora_experts
+  model, _ = models.build(config, sharding.make_mesh(config.mesh))
+  paths = {'/'.join(map(str, p[:-1]))
+           for p, _ in nnx.to_flat_state(lora.lora_state(model))}
+  assert paths and not {p for p in paths if '/moe' in p}
+  assert any(p.endswith('/attn/q_einsum') for p in paths)
 
 
 def test_expert_lora_factors():
