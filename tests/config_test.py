@@ -100,6 +100,9 @@ def test_gemma3_270m_default_and_full():
   assert full.data.num_eval_examples >= 256
   assert full.eval.pass_at_k == 4
   validation.validate(full, num_devices=1)
+  # Its micro-batch splits over a v5litepod-8 or -16.
+  for chips in (8, 16):
+    validation.validate(full, num_devices=chips)
   # Later words still apply on top of `full`.
   full = _preset('gemma3_270m', 'full,training.num_steps=7')
   assert full.training.num_steps == 7

@@ -14,7 +14,8 @@ docs/results.md.
 
 `:full` is the long run, for an accelerator: 500 steps, difficulty 2, 192
 completion tokens, 256 held-out problems evaluated every 100 steps with
-pass@4. Start a TPU run from it, e.g. `configs/gemma3_270m.py:full`.
+pass@4, the batch's 16 completions in one micro-batch. Start a TPU run
+from it, e.g. `configs/gemma3_270m.py:full`.
 
 `:it` picks the instruction-tuned architecture and chat template; the
 packaged file is the pretrained model, so it also needs an instruction-tuned
@@ -70,5 +71,8 @@ def get_config(arg=None):
     config.eval.eval_every_n_steps = 100
     config.eval.pass_at_k = 4
     config.eval.batch_size = 32
+    # The whole batch in one micro-batch: its 16 completions split over
+    # the 8 or 16 chips of a v5litepod-8 or -16 (4 would not).
+    config.training.micro_batch_size = config.training.batch_size
     config.checkpoint.save_interval_steps = 100
   return base.apply_arg(config, ','.join(words))
