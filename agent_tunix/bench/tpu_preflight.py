@@ -23,6 +23,7 @@ from absl import logging
 from agent_tunix.bench import records
 from agent_tunix.config import validation
 from agent_tunix.preflight import command as preflight
+from agent_tunix.preflight import programs as preflight_programs
 from agent_tunix.tpu import sharding
 from agent_tunix.tpu import topology as tpu_topology
 
@@ -55,6 +56,11 @@ def slice_mesh(config, num_devices):
   return ('fsdp', 'tp'), (fsdp, num_devices // fsdp), 'fitted'
 
 
+# The run's own programs: this measurement reports no tunix section, so
+# tunix's step is not compiled (the preflight command compiles it).
+_PROGRAMS = tuple(p for p in preflight_programs.PROGRAMS if p != 'tunix')
+
+
 def preflight_measurement(ctx, topology):
   """The preflight's report for the bench's config on `topology`."""
   if importlib.util.find_spec('libtpu') is None:
@@ -81,7 +87,7 @@ def preflight_measurement(ctx, topology):
     config.mesh.shape = shape
   t0 = records.now()
   try:
-    result = preflight.run(config, topology)
+    result = preflight.run(config, topology, programs=_PROGRAMS)
   except validation.ConfigError as e:
     raise records.Skipped(
         f'the workload cannot run on {spec.name}: {e}'
