@@ -83,10 +83,6 @@ def test_unknown_slice_is_refused_with_the_choices(name):
     tpu_topology.parse(name)
 
 
-# The run's own programs, without tunix's step compiled beside them.
-_OURS = tuple(p for p in programs_lib.PROGRAMS if p != 'tunix')
-
-
 def _by_name(result):
   return {p['name']: p for p in result['programs']}
 
@@ -238,12 +234,10 @@ def test_tools_compile_the_episode_decode_loop(monkeypatch):
   assert 106 in built[0].rollout.sampler.eos_ids
 
 
-@pytest.mark.parametrize('field, value', [
-    ('tools', 'calculator'),
-    # Any multi-turn task: the trainer samples it with the same loop.
-    ('environment', 'tests.episode_fixtures:ScriptedEnvironment'),
-])
-def test_episodes_report_names_the_episode_decode_loop(field, value):
+def test_episodes_report_names_the_episode_decode_loop():
+  # Any multi-turn task (tools: the test above compiles the same loop) is
+  # sampled by the same loop; the report names it and the task.
+  field, value = 'environment', 'tests.episode_fixtures:ScriptedEnvironment'
   config = _tiny(**{f'agent.{field}': value,
                     'training.batch_size': 4,
                     'training.micro_batch_size': 2})
@@ -270,12 +264,12 @@ def test_tiny_programs_compile_for_four_hosts():
                     'training.micro_batch_size': 4,
                     'grpo.beta': 0.0,
                     'mesh.shape': (-1, 2)})
-  # tunix's side is checked on one host (above); leaving it out here
-  # saves its compiles.
-  result = command.run(config, 'v5litepod-16', programs=_OURS)
+  # The sampler and the update (tunix's side and the other
+  # programs are checked on one host, above).
+  programs = ('rollout_prefill', 'rollout_decode', 'update')
+  result = command.run(config, 'v5litepod-16', programs=programs)
   assert result['topology']['hosts'] == 4
-  assert set(_by_name(result)) == {'rollout_prefill', 'rollout_decode',
-                                   'policy_logps', 'update'}
+  assert set(_by_name(result)) == set(programs)
   assert result['fits']
 
 
@@ -482,10 +476,11 @@ def test_tiny_gemma4_programs_compile():
   config = tiny_gemma4.get_config(
       'training.batch_size=4,training.micro_batch_size=2')
   config.mesh.shape = (2, 2)  # Heads over 'tp' too.
-  result = command.run(config, 'v5e:2x2', programs=_OURS)
+  # The sampler and the update (its forward is the log-prob passes').
+  programs = ('rollout_prefill', 'rollout_decode', 'update')
+  result = command.run(config, 'v5e:2x2', programs=programs)
   programs = _by_name(result)
-  assert set(programs) == {'rollout_prefill', 'rollout_decode',
-                           'reference_logps', 'policy_logps', 'update'}
+  assert set(programs) == {'rollout_prefill', 'rollout_decode', 'update'}
   for p in programs.values():
     assert p['fits'] and p['argument_bytes'] > 0 and p['flops'] > 0, p
   assert result['fits'] and result['config']['preset'] == 'tiny_gemma4'
