@@ -263,6 +263,7 @@ def default_path():
   os.close(fd)
   try:
     package.assemble(part, overwrite=True)
+    os.chmod(part, 0o644)  # mkstemp makes it owner-only; assemble did not.
     os.replace(part, target)
   finally:
     if os.path.exists(part):
