@@ -477,10 +477,10 @@ def test_tiny_gemma4_programs_compile():
       'training.batch_size=4,training.micro_batch_size=2')
   config.mesh.shape = (2, 2)  # Heads over 'tp' too.
   # The sampler and the update (its forward is the log-prob passes').
-  programs = ('rollout_prefill', 'rollout_decode', 'update')
-  result = command.run(config, 'v5e:2x2', programs=programs)
+  wanted = ('rollout_prefill', 'rollout_decode', 'update')
+  result = command.run(config, 'v5e:2x2', programs=wanted)
   programs = _by_name(result)
-  assert set(programs) == {'rollout_prefill', 'rollout_decode', 'update'}
+  assert set(programs) == set(wanted)
   for p in programs.values():
     assert p['fits'] and p['argument_bytes'] > 0 and p['flops'] > 0, p
   assert result['fits'] and result['config']['preset'] == 'tiny_gemma4'
