@@ -98,6 +98,9 @@ def main(argv):
         {'step': result['step'], 'eval': result['eval'],
          'preempted': result['preempted'],
          'alarms': result['alarms']}) + '\n')
+    sys.stdout.flush()
+  if jax.process_count() > 1:
+    sharding.shutdown_distributed()
   if result['preempted'] and not result['alarms']:
     sys.stderr.write(
         f'stopped after step {result["step"]} by a signal (SIGTERM or '

@@ -450,6 +450,33 @@ def test_initialize_distributed_failure_names_the_fix(monkeypatch):
     sharding.initialize_distributed()
 
 
+def test_coordinator_stops_its_service_after_everyone_left(monkeypatch):
+  # Process 0 holds the coordination service: jax.distributed.shutdown()
+  # (the shutdown barrier, with the service detached) comes first, then a
+  # pause, then the service. Elsewhere there is no service to stop.
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  events = []
+
+  class Service:
+    def shutdown(self):
+      events.append('service')
+
+  def barrier():
+    events.append(('barrier', distributed.global_state.service))
+
+  monkeypatch.setattr(jax.distributed, 'shutdown', barrier)
+  monkeypatch.setattr(sharding.time, 'sleep',
+                      lambda s: events.append(('sleep', s)))
+  monkeypatch.setattr(distributed.global_state, 'service', Service())
+  sharding.shutdown_distributed()
+  assert events == [('barrier', None), ('sleep', sharding._SERVICE_GRACE_S),
+                    'service']
+  assert distributed.global_state.service is None
+  events.clear()
+  sharding.shutdown_distributed()
+  assert events == [('barrier', None)]
+
+
 def test_multi_process_mesh_must_use_every_device(monkeypatch):
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
   cfg = type('Mesh', (), {'shape': (1, 1), 'axis_names': ('fsdp', 'tp')})
