@@ -120,13 +120,6 @@ class Generator:
     return out.texts[0], out.tokens[0, :out.lengths[0]]
 
 
-def generate(model, tokenizer, prompt, max_new_tokens, temperature=0.0,
-             top_k=0, top_p=1.0, seed=0):
-  """Returns (the continuation of `prompt`, its token ids)."""
-  return Generator(model, tokenizer)(prompt, max_new_tokens, temperature,
-                                     top_k, top_p, seed)
-
-
 def model_input(text, config, template, interactive):
   """The model input for one line of user text under `template`."""
   if template == 'raw':

@@ -14,8 +14,11 @@ reads them). The proxy, the product's own emulator bridge
 (agent_tunix/storage/emulator_bridge.py), applies them atomically with the
 write they guard, as the service does, so the lock's exclusive create is
 tested against the service's semantics; the product's fallback for an
-emulator without them is tested against the bare emulator. Both listen on
-127.0.0.1, pick free ports and stop with the block.
+emulator without them is tested against the bare emulator. The proxy also
+answers Objects: move (a rename within a bucket, which gcsfs tries first),
+which the emulator answers 501: gcsfs retried that for half a minute before
+copying and deleting. Both listen on 127.0.0.1, pick free ports and stop
+with the block.
 """
 
 import contextlib
@@ -73,6 +76,30 @@ class Proxy(emulator_bridge.Bridge):
           rule.times -= 1
           return rule.status
     return None
+
+  def forward(self, method, path, headers, body):
+    """Also answers Objects: move, which the emulator lacks (501)."""
+    url = urllib.parse.urlsplit(path)
+    found = _MOVE.match(url.path)
+    if method != 'POST' or not found:
+      return super().forward(method, path, headers, body)
+    return self._move(*found.groups())
+
+  def _move(self, bucket, source, target):
+    """Objects: move as the service does it within a bucket: the object
+    is there under its new name and gone under the old one."""
+    status, headers, data = self._call(
+        'POST', f'/storage/v1/b/{bucket}/o/{source}/rewriteTo/b/{bucket}/o/'
+        f'{target}', {'Content-Type': 'application/json'}, b'{}')
+    if status != 200:
+      return status, headers, data
+    self._call('DELETE', f'/storage/v1/b/{bucket}/o/{source}', {}, b'')
+    return 200, [('Content-Type', 'application/json')], json.dumps(
+        json.loads(data)['resource']).encode()
+
+
+# Objects: move (POST .../b/BUCKET/o/SOURCE/moveTo/o/TARGET), names quoted.
+_MOVE = re.compile(r'/storage/v1/b/([^/]+)/o/([^/]+)/moveTo/o/([^/]+)$')
 
 
 @dataclasses.dataclass
