@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agent_tunix.models import gemma
+from agent_tunix.models import weights
 from agent_tunix.preflight import abstract
 from agent_tunix.preflight import child
 from agent_tunix.preflight import command
@@ -356,14 +358,14 @@ def test_fixes_suggest_only_a_tp_size_the_model_allows():
   assert 'a bigger slice than v5litepod-8' in text
 
 
-def test_abstract_build_skips_the_tracer_origin_search():
+def test_abstract_build_skips_the_tracer_origin_search(monkeypatch):
   # It must be active with the installed JAX (else a 27B build takes
   # minutes again), keep getattr's AttributeError, and undo itself.
   original = partial_eval.DynamicJaxprTracer._origin_msg
   seen = {}
 
   def probe(x):
-    with abstract._cheap_tracer_attribute_errors():
+    with weights.cheap_tracer_attribute_errors():
       seen['message'] = type(x)._origin_msg(x)
       seen['default'] = getattr(x, 'sharding', 'missing')
     return x
@@ -371,6 +373,13 @@ def test_abstract_build_skips_the_tracer_origin_search():
   jax.eval_shape(probe, jnp.ones(3))
   assert seen == {'message': '', 'default': 'missing'}
   assert partial_eval.DynamicJaxprTracer._origin_msg is original
+  # Every abstract model build (loading weights, the preflight) skips it.
+  searched = []
+  monkeypatch.setattr(partial_eval.DynamicJaxprTracer, '_origin_msg',
+                      lambda self: searched.append(1) or '')
+  cfg = gemma.model_config(tiny.get_config().model)
+  weights.abstract_model(gemma.model_class(cfg), cfg)
+  assert not searched
 
 
 def test_a_bad_topology_exits_2_with_one_line():

@@ -5,16 +5,14 @@ no weight or tokenizer file is read, so a 27B config is checked on a
 laptop. Imports judge/, rl/, models/ and tpu/.
 """
 
-import contextlib
-
 from flax import nnx
 import jax
 import jax.numpy as jnp
-from jax._src.interpreters import partial_eval  # pylint: disable=g-direct-jax-import
 
 from agent_tunix.judge import judge as judge_lib
 from agent_tunix.models import gemma
 from agent_tunix.models import lora
+from agent_tunix.models import weights
 from agent_tunix.rl import grpo
 from agent_tunix.rl import optimizer as optimizer_lib
 from agent_tunix.tpu import sharding
@@ -26,29 +24,6 @@ def with_shardings(tree, shardings):
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
       tree, shardings,
   )
-
-
-@contextlib.contextmanager
-def _cheap_tracer_attribute_errors():
-  """Tracers raise AttributeError without searching where they came from.
-
-  qwix and flax probe `getattr(x, 'sharding', None)` on every weight while
-  LoRA is applied; on a tracer that raises an AttributeError whose message
-  JAX builds by searching the whole traced program for the value's origin.
-  Tracing the model abstractly makes that quadratic in its size (4B: 66 of
-  the 73 s it took to build, 27B: minutes). Only the message is dropped;
-  the error is the same. Private JAX API: skipped if it is not there.
-  """
-  tracer = getattr(partial_eval, 'DynamicJaxprTracer', None)
-  original = tracer and tracer.__dict__.get('_origin_msg')
-  if original is None:
-    yield
-    return
-  tracer._origin_msg = lambda self: ''  # pylint: disable=protected-access
-  try:
-    yield
-  finally:
-    tracer._origin_msg = original  # pylint: disable=protected-access
 
 
 def abstract_policy(config, mesh):
@@ -74,7 +49,7 @@ def abstract_policy(config, mesh):
     model = lora.apply_lora(model, config.model, seed=config.training.seed)
     return model, nnx.Optimizer(model, tx, wrt=nnx.LoRAParam)
 
-  with _cheap_tracer_attribute_errors():
+  with weights.cheap_tracer_attribute_errors():
     model, optimizer = nnx.eval_shape(build)
   for obj in (model, optimizer):
     graphdef, state = nnx.split(obj)
@@ -168,8 +143,7 @@ def abstract_judge(config, mesh):
   judge_cfg = judge_model_config(config)
   if judge_cfg is None:
     return None
-  with _cheap_tracer_attribute_errors():
-    model = gemma.abstract_model(gemma.model_config(judge_cfg))
+  model = gemma.abstract_model(gemma.model_config(judge_cfg))
   _, state = nnx.split(model)
   nnx.update(model, with_shardings(state,
                                    nnx.get_named_sharding(state, mesh)))
