@@ -176,8 +176,13 @@ def test_packed_update_equals_padded(narrow_model, remat, inserts):
       narrow_model, _packed(batch, _G), hp)
   for key in want:
     np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-6)
+  # The two sum the same terms in different orders: float32 rounding grows
+  # with a leaf's scale (leaves here reach |g| ~ 4), and how it falls
+  # depends on the CPU's vector width (an Intel Xeon's result differed by
+  # 1.2e-5 on one element of a leaf that reaches 4.3).
   for w, g in zip(jax.tree.leaves(want_grads), jax.tree.leaves(got_grads)):
-    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    scale = max(1.0, float(np.abs(w).max()))
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * scale)
 
 
 def test_packed_reference_and_policy_passes(wide_model):
