@@ -47,6 +47,7 @@ _CHILD = r'''
 import dataclasses
 import json
 import pickle
+import re
 import sys
 
 import jax
@@ -124,6 +125,25 @@ def layout(tree):
   return out
 
 
+GATHER = re.compile(r'= \(?\w+\[([\d,]*)\][^=]* all-gather(-start)?\(')
+
+
+def table_gathers(session, batch):
+  """Result shapes of the all-gathers in the compiled reference log-prob
+  pass that hold a tenth of the [V, D] embedding table or more."""
+  fn, state = grpo.logps_program(session.model)
+  text = fn.lower(state, grpo.logps_inputs(batch), hp=session.hp,
+                  use_lora=False).compile().as_text()
+  table = session.model.embedder.input_embedding[...].size
+  found = []
+  for line in text.splitlines():
+    match = GATHER.search(line)
+    dims = [int(d) for d in match.group(1).split(',') if d] if match else []
+    if match and np.prod(dims) * 10 >= table:
+      found.append(match.group(1))
+  return found
+
+
 def lora_values(model):
   return {'/'.join(map(str, p)): np.asarray(jax.device_get(v.get_value()))
           for p, v in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam))}
@@ -171,6 +191,8 @@ for shape in shapes:
   staged = staging.stage(session.model, mesh, session.hp, update.sequences,
                          config.grpo.num_iterations)
   result['metrics'] = train.update_policy(session, update, staged)
+  result['table_gathers'] = table_gathers(
+      session, sharding.shard_batch(update, mesh))
   result['lora_after'] = lora_values(model)
   result['lora'] = layout(nnx.state(model, nnx.LoRAParam))
   result['opt'] = layout(nnx.state(session.optimizer, nnx.OptState))
@@ -376,6 +398,14 @@ def test_arrays_are_really_sharded(meshes, mesh):
     assert matches[0]['shard'] == shard, (mesh, group, name, matches[0])
   split = [n for n, e in got['lora'].items() if e['shard'] != e['shape']]
   assert len(split) >= len(got['lora']) // 2, split
+
+
+@pytest.mark.parametrize('mesh', _SHARDED)
+def test_log_prob_passes_never_gather_the_embedding_table(meshes, mesh):
+  # The projection runs split along V (logprobs.vocab_parallel): the
+  # chunks gather hidden states, not the table (which XLA gathered once per
+  # chunk when the table was split along D).
+  assert meshes[mesh]['table_gathers'] == [], meshes[mesh]['table_gathers']
 
 
 # ------------------------------------------------------ in-process helpers

@@ -80,6 +80,7 @@ def activation_sharding(mesh):
   """
   original = sharding_utils.shard
   names = set(mesh.axis_names)
+  _ACTIVE_MESHES.append(mesh)
 
   def shard(x, spec, eager=False):
     del eager  # Only traced values pass through here.
@@ -93,6 +94,18 @@ def activation_sharding(mesh):
     yield
   finally:
     sharding_utils.shard = original
+    _ACTIVE_MESHES.pop()
+
+
+# The meshes of the `activation_sharding` blocks now open, innermost last.
+_ACTIVE_MESHES = []
+
+
+def active_mesh():
+  """The mesh of the innermost open `activation_sharding`, or None: the
+  mesh a program traced now runs on (the passes' own layout choices, such
+  as `rl.logprobs`' vocabulary-parallel projection, read it)."""
+  return _ACTIVE_MESHES[-1] if _ACTIVE_MESHES else None
 
 
 # ------------------------------------------------------------ the sampler
