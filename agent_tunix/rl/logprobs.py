@@ -106,8 +106,7 @@ def chunked_token_logps(
     h, t = args
     if logits_sharding is not None:  # Every row on every chip: a plain dot.
       h = jax.lax.with_sharding_constraint(
-          h, jax.sharding.NamedSharding(logits_sharding.mesh,
-                                        jax.sharding.PartitionSpec()))
+          h, sharding.replicated(logits_sharding.mesh))
     logits = jnp.einsum(
         'bcd,vd->bcv', h, embedding, preferred_element_type=jnp.float32
     )
