@@ -372,10 +372,9 @@ def vocab_parallel(embedding):
   reference pass on a v5litepod-8, 38.7 GB of its update). Split along V,
   the table is re-laid out once per micro-batch; each chunk gathers the
   rows' hidden states instead ([B, chunk, D]), each chip computes its share
-  of the logits, and the softmax's sums are all-reduced ([B, chunk]). The
-  1B's passes went from 132.7, 101.2 and 358.6 GB to 94.2, 62.7 and 257.8
-  (docs/tpu.md). (embedding, None) off a mesh, on one device, or when the
-  chips do not divide V.
+  of the logits, and the softmax's sums are all-reduced ([B, chunk]).
+  (embedding, None) off a mesh, on one device, or when the chips do not
+  divide V.
   """
   mesh = tunix_adapter.active_mesh()
   table = sharding.vocab_sharding(mesh, embedding.shape)
